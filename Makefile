@@ -1,0 +1,33 @@
+# Two set-up commands for a fresh machine: `make demo` and `make test` (see README.md).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# One thread: the CPU timings here swing wildly with two.
+export OMP_NUM_THREADS ?= 1
+export CODECARBON_LOG_LEVEL ?= error
+
+.PHONY: venv demo test test-gpu bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(PY) -m baler_lit.demo
+
+test: venv
+	$(PY) -m pytest -q -m "not gpu"
+
+test-gpu: venv
+	$(PY) -m pytest -q -m gpu
+
+bench: venv
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) runs lightning_logs .pytest_cache

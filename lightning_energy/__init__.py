@@ -1,0 +1,13 @@
+"""lightning-energy: energy, power, time and CO2 of PyTorch Lightning training, per step and epoch.
+
+``Trainer(callbacks=[EnergyCallback()])`` is all a user needs. Nothing here prints on import; zeus and
+codecarbon are imported only by the functions that need them.
+"""
+
+from lightning_energy.callbacks.energy import EnergyCallback
+from lightning_energy.meter import Measurement, Meter
+from lightning_energy.sampler import Sampler, get_sampler
+from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor
+
+__all__ = ["EnergyCallback", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
+           "Measurement", "Meter", "Sampler", "get_sampler"]

@@ -1,0 +1,392 @@
+"""EnergyCallback: the energy, power and time of every training step and epoch, beside the loss."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_energy import distributed
+from lightning_energy.clocks import CudaEventClock
+from lightning_energy.io import atomic_write_json
+from lightning_energy.meter import Mark, Measurement, Meter, measure
+from lightning_energy.report import REPORT_FILE, build_report, format_report
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, get_sampler
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.sensors.detect import BACKENDS, default_sensors, zeus_sensors
+from lightning_energy.tensorboard import EpochPowerRecorder, TensorBoardExtras
+from lightning_energy.trace import TraceWriter
+
+
+class EnergyCallback(Callback):
+    """Measure energy per training step and epoch on any hardware and log it beside the loss.
+
+    ``Trainer(callbacks=[EnergyCallback()])`` needs no configuration: it reads this rank's NVIDIA GPU
+    through NVML, the CPU package and DRAM through RAPL, and falls back to a labelled CPU estimate when
+    nothing can be measured. One background thread per process samples every sensor; the training
+    thread only takes timestamps (or records CUDA events) at step boundaries.
+
+    Logged metrics (units in the names; the public contract):
+
+    - ``energy/step_J``, ``power/step_W``, ``time/step_s``: one training step (this rank's sensors plus
+      host sensors on local rank 0), at the Trainer's ``log_every_n_steps``.
+    - ``energy/total_J``: energy since fit start (all ranks at epoch end; this rank at step level),
+      continuing across resumes.
+    - ``energy/epoch_J``, ``power/epoch_W``, ``time/epoch_s``, ``edp/epoch_Js`` (energy x time): one
+      training epoch without its validation, summed over ranks (time: slowest rank).
+    - ``energy/epoch_J/<sensor name>``: the same per sensor.
+    - ``energy/epoch_between_steps_J``: the epoch's energy outside the steps (data loading, hooks).
+    - ``energy/val_epoch_J``, ``power/val_epoch_W``, ``time/val_epoch_s``; ``energy/test_epoch_J``,
+      ``power/test_epoch_W``, ``time/test_epoch_s``: validation and test loops, measured separately.
+    - ``energy/zeus_epoch_J``: with ``backend="zeus"``, Zeus's own ``ZeusMonitor`` window per epoch.
+    - progress bar: ``energy_kJ``.
+
+    With a TensorBoard logger also: a custom-scalars layout placing the training loss beside
+    ``energy/step_J`` and ``energy/epoch_J``, and a figure ``power/trace`` of each epoch's power.
+    At the end of fit: a console table and ``energy_report.json`` in the log dir; the sample trace
+    ``energy_trace.csv`` and ``energy_events.csv`` (``_rank<N>`` suffix on ranks other than 0).
+
+    Args:
+        sensors: sensors to read instead of the auto-detected ones (``lightning_energy.Sensor``).
+        backend: ``"auto"`` (NVML, RAPL, estimate) or ``"zeus"`` (read through Zeus's ZeusMonitor).
+        interval_s: sampling interval in seconds (>= 0.001).
+        log_power_figure: add the per-epoch power figure to TensorBoard.
+        write_trace: stream the sample trace to CSV in the log dir.
+        verbose: print the report table at the end of fit (rank zero).
+        cuda_events: on CUDA, time steps with CUDA events instead of host timestamps.
+    """
+
+    def __init__(
+        self,
+        sensors: list[Sensor] | None = None,
+        backend: str = "auto",
+        interval_s: float = DEFAULT_INTERVAL_S,
+        log_power_figure: bool = True,
+        write_trace: bool = True,
+        verbose: bool = True,
+        cuda_events: bool = True,
+    ) -> None:
+        super().__init__()
+        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        if backend not in BACKENDS:
+            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+        if sensors is not None and backend != "auto":
+            raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        for flag, value in (("log_power_figure", log_power_figure), ("write_trace", write_trace),
+                            ("verbose", verbose), ("cuda_events", cuda_events)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        self.backend = backend
+        self.interval_s = float(interval_s)
+        self.log_power_figure = log_power_figure
+        self.write_trace = write_trace
+        self.verbose = verbose
+        self.cuda_events = cuda_events
+        self.report: dict | None = None
+        self.report_path: Path | None = None
+        self.trace_path: Path | None = None
+        self._resumed: dict = {}
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        self._sampler = None
+        self._meter: Meter | None = None
+        self._sensors: list[Sensor] = []
+        self._zeus = None
+        self._trace: TraceWriter | None = None
+        self._power = EpochPowerRecorder()
+        self._tb: TensorBoardExtras | None = None
+        self._fit_start: Mark | None = None
+        self._epoch_start: Mark | None = None
+        self._step_start: Mark | None = None
+        self._loop_start: Mark | None = None
+        self._val_in_epoch: dict[str, float] = {}
+        self._val_s_in_epoch = 0.0
+        self._last_epoch_end: Mark | None = None
+        self._session_train_J = 0.0
+        self._session_validation_J = 0.0
+        self._epochs: list[dict] = list(self._resumed.get("epochs", []))
+        self._warned_failures: set[str] = set()
+        self._failures_seen = 0
+        self._notes: list[str] = []
+        self._log_every = 50
+
+    # ---------------------------------------------------------------- set-up and tear-down
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._meter is not None:  # already set up (e.g. validate inside a running session)
+            return
+        self._resumed = {}  # a checkpoint's state arrives after setup, through load_state_dict
+        self._reset_run_state()
+        root = trainer.strategy.root_device
+        cuda_index = root.index if root.type == "cuda" else None
+        read_host = trainer.local_rank == 0
+        if self._user_sensors is not None:
+            sensors = [s for s in self._user_sensors if s.scope == "device" or read_host]
+        elif self.backend == "zeus":
+            sensors, self._zeus = zeus_sensors(cuda_index if cuda_index is not None else None, read_host)
+        else:
+            sensors, self._notes = default_sensors(cuda_index, read_host)
+        for note in self._notes:
+            rank_zero_warn(note)
+        self._sensors = sensors
+        self._sampler = get_sampler()
+        names = self._sampler.acquire(self, sensors, self.interval_s)
+        clock = CudaEventClock(root) if cuda_index is not None and self.cuda_events else None
+        self._meter = Meter(self._sampler, names, clock)
+        self._sampler.add_meter(self._meter)
+        self._sampler.add_listener(self._power)
+        log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
+        if self.write_trace:
+            suffix = "" if trainer.global_rank == 0 else f"_rank{trainer.global_rank}"
+            self._trace = TraceWriter(log_dir, names, suffix)
+            self._sampler.add_listener(self._trace)
+        self._log_dir = log_dir
+        self._log_every = max(int(trainer.log_every_n_steps), 0)
+        self._tb = TensorBoardExtras.for_trainer(trainer) if trainer.is_global_zero else None
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._event("exception")
+        self._release()
+
+    def _release(self) -> None:
+        if self._sampler is None:
+            return
+        sampler, self._sampler = self._sampler, None
+        sampler.remove_listener(self._power)
+        if self._trace is not None:
+            sampler.remove_listener(self._trace)
+        sampler.remove_meter(self._meter)
+        sampler.release(self)
+        if self._trace is not None:
+            self._trace.close()
+        self.trace_path = self._trace.trace_path if self._trace is not None else None
+        self._meter = None
+
+    def _event(self, name: str, mark: Mark | None = None, epoch: int | None = None, step: int | None = None) -> None:
+        if self._trace is not None:
+            t = mark.t if mark is not None and mark.t is not None else self._sampler.clock()
+            self._trace.event(name, t, epoch, step)
+
+    # ---------------------------------------------------------------- fit
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._fit_start = self._meter.wait(self._meter.mark())
+        self._last_epoch_end = self._fit_start
+        self._event("fit_start", self._fit_start)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._event("train_start")
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._meter.clock.reanchor()
+        self._epoch_start = self._meter.mark()
+        self._val_in_epoch, self._val_s_in_epoch = {}, 0.0
+        self._power.start_epoch()
+        if self._zeus is not None:
+            self._zeus.begin_epoch()
+        self._event("epoch_start", epoch=trainer.current_epoch)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._step_start = self._meter.mark()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+        meter = self._meter
+        end = meter.mark()
+        step = getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+        log_now = self._log_every > 0 and (step + 1) % self._log_every == 0
+        meter.add_window(self._step_start, end, tag=trainer.current_epoch, info=(step, end), keep=log_now)
+        if meter.results:
+            self._log_step_results(trainer, pl_module, progress_bar=True)
+        if len(self._sampler.failures) > self._failures_seen:
+            self._warn_failures()
+
+    def _log_step_results(self, trainer: Trainer, pl_module: LightningModule, progress_bar: bool = False) -> None:
+        results = self._meter.results
+        latest_total = None
+        while results:
+            (step, end), m = results.popleft()
+            latest_total = self._resumed_total_J() + _energy_between(self._fit_start, end)
+            metrics = {"energy/step_J": m.total_J, "power/step_W": m.mean_power_W, "time/step_s": m.duration_s,
+                       "energy/total_J": latest_total}
+            if trainer.is_global_zero:
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
+        if latest_total is not None and progress_bar:
+            pl_module.log("energy_kJ", latest_total / 1000.0, prog_bar=True, logger=False, on_step=True,
+                          on_epoch=False, batch_size=1)
+
+    def _warn_failures(self) -> None:
+        failures = self._sampler.failures
+        mine = set(self._meter.sensor_names)
+        for failure in list(failures)[self._failures_seen:]:
+            if failure.name in mine and failure.name not in self._warned_failures:
+                self._warned_failures.add(failure.name)
+                rank_zero_warn(
+                    f"lightning-energy: sensor {failure.name!r} failed ({failure.message}); training goes on, "
+                    "its figures from now on are missing and the report flags it."
+                )
+        self._failures_seen = len(failures)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        meter = self._meter
+        end = meter.wait(meter.mark())
+        self._last_epoch_end = end
+        self._log_step_results(trainer, pl_module)
+        self._warn_failures()
+        epoch = trainer.current_epoch
+        window = measure(self._epoch_start, end)
+        train_energy = {n: j - self._val_in_epoch.get(n, 0.0) for n, j in window.energy_J.items()}
+        steps = meter.totals.pop(epoch, None)
+        local = {
+            "energy": train_energy,
+            "seconds": window.duration_s - self._val_s_in_epoch,
+            "steps_J": steps.total_J if steps else 0.0,
+            "steps": steps.count if steps else 0,
+            "validation_J": sum(self._val_in_epoch.values()),
+        }
+        merged = distributed.merge(distributed.gather(trainer, local))
+        epoch_J = sum(merged["energy"].values())
+        epoch_s = merged["seconds"]
+        self._session_train_J += sum(train_energy.values())
+        zeus_J = self._zeus.end_epoch() if self._zeus is not None else None
+        if zeus_J is not None:
+            zeus_J = sum(distributed.gather(trainer, zeus_J))
+        total_J = self._resumed_total_J() + sum(distributed.gather(trainer, _energy_between(self._fit_start, end)))
+        metrics = {
+            "energy/epoch_J": epoch_J,
+            "power/epoch_W": epoch_J / epoch_s if epoch_s > 0 else 0.0,
+            "time/epoch_s": epoch_s,
+            "edp/epoch_Js": epoch_J * epoch_s,
+            "energy/epoch_between_steps_J": epoch_J - merged["steps_J"],
+            "energy/total_J": total_J,
+            **{f"energy/epoch_J/{name}": joules for name, joules in sorted(merged["energy"].items())},
+        }
+        if zeus_J is not None:
+            metrics["energy/zeus_epoch_J"] = zeus_J
+        for name, value in metrics.items():
+            pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
+        self._epochs.append({
+            "epoch": epoch, "train_J": epoch_J, "train_s": epoch_s, "power_W": metrics["power/epoch_W"],
+            "edp_Js": epoch_J * epoch_s, "steps": merged["steps"], "steps_J": merged["steps_J"],
+            "between_steps_J": metrics["energy/epoch_between_steps_J"], "validation_J": merged["validation_J"],
+            "per_sensor_J": merged["energy"], "total_J": total_J, **({"zeus_J": zeus_J} if zeus_J is not None else {}),
+        })
+        self._event("epoch_end", end, epoch=epoch)
+        if self._tb is not None:
+            self._tb.after_epoch(trainer, epoch, self._power.take() if self.log_power_figure else None)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._event("train_end")
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        end = self._meter.wait(self._meter.mark())
+        self._event("fit_end", end)
+        summaries = distributed.gather(trainer, self._rank_summary(trainer, measure(self._fit_start, end)))
+        if not trainer.is_global_zero:
+            return
+        extra = {
+            "sampling": {
+                "interval_s": self._sampler.interval_s,
+                "samples": self._sampler.samples_taken,
+                "trace_file": str(self._trace.trace_path) if self._trace else None,
+                "events_file": str(self._trace.events_path) if self._trace else None,
+            },
+            "notes": self._notes,
+            **{f"resumed_{k}": v for k, v in self._resumed.items() if k != "epochs"},
+        }
+        self.report = build_report(summaries, self._epochs, extra)
+        self.report_path = atomic_write_json(self._log_dir / REPORT_FILE, self.report)
+        if self.verbose:
+            print(format_report(self.report) + f"\nreport: {self.report_path}", flush=True)
+        else:
+            rank_zero_info(f"lightning-energy: report written to {self.report_path}")
+
+    def _rank_summary(self, trainer: Trainer, fit: Measurement) -> dict:
+        sensors = []
+        series = self._sampler.series
+        for sensor in self._sensors:
+            joules = fit.energy_J.get(sensor.name, 0.0)
+            s = series.get(sensor.name)
+            sensors.append({
+                **sensor.describe(),
+                "rank": trainer.global_rank,
+                "energy_J": joules,
+                "mean_power_W": joules / fit.duration_s if fit.duration_s > 0 else 0.0,
+                "failure": s.failure if s is not None else "not sampled",
+            })
+        return {
+            "rank": trainer.global_rank,
+            "local_rank": trainer.local_rank,
+            "node": socket.gethostname(),
+            "duration_s": fit.duration_s,
+            "train_J": self._session_train_J,
+            "validation_J": self._session_validation_J,
+            "sensors": sensors,
+        }
+
+    # ---------------------------------------------------------------- validation and test
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._loop_start = self._meter.mark()
+            self._event("validation_start", self._loop_start, epoch=trainer.current_epoch)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or self._loop_start is None:
+            return
+        m = self._end_loop(trainer, pl_module, "val")
+        self._event("validation_end", epoch=trainer.current_epoch)
+        if trainer.state.fn == TrainerFn.FITTING:
+            for name, joules in m.energy_J.items():
+                self._val_in_epoch[name] = self._val_in_epoch.get(name, 0.0) + joules
+            self._val_s_in_epoch += m.duration_s
+            self._session_validation_J += m.total_J
+
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._loop_start = self._meter.mark()
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._end_loop(trainer, pl_module, "test")
+
+    def _end_loop(self, trainer: Trainer, pl_module: LightningModule, prefix: str) -> Measurement:
+        end = self._meter.wait(self._meter.mark())
+        m = measure(self._loop_start, end)
+        self._loop_start = None
+        energy_J = sum(distributed.gather(trainer, m.total_J))
+        seconds = max(distributed.gather(trainer, m.duration_s))
+        for name, value in ((f"energy/{prefix}_epoch_J", energy_J), (f"time/{prefix}_epoch_s", seconds),
+                            (f"power/{prefix}_epoch_W", energy_J / seconds if seconds > 0 else 0.0)):
+            pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
+        return m
+
+    # ---------------------------------------------------------------- resume
+    def _resumed_total_J(self) -> float:
+        return self._resumed.get("total_J", 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._fit_start is None or self._last_epoch_end is None or not self._last_epoch_end.resolved:
+            return dict(self._resumed)
+        resumed = self._resumed
+        return {
+            "total_J": self._epochs[-1]["total_J"] if self._epochs else self._resumed_total_J(),
+            "train_J": resumed.get("train_J", 0.0) + self._session_train_J,
+            "validation_J": resumed.get("validation_J", 0.0) + self._session_validation_J,
+            "duration_s": resumed.get("duration_s", 0.0) + (self._last_epoch_end.t - self._fit_start.t),
+            "epochs": list(self._epochs),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = dict(state_dict)
+        self._epochs = list(self._resumed.get("epochs", []))
+
+
+def _energy_between(start: Mark, end: Mark) -> float:
+    """Total J between two resolved marks over the sensors present in both."""
+    return sum(e - start.energy[n] for n, e in end.energy.items() if e is not None and start.energy.get(n) is not None)

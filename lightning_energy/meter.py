@@ -1,0 +1,183 @@
+"""Windows over the shared sample stream: marks, measurements and per-tag totals.
+
+A callback asks its :class:`Meter` for a :class:`Mark` at a boundary (cheap: a timestamp or CUDA
+event appended to a deque, no lock). The sampling thread resolves marks to cumulative energies per
+sensor once samples cover them, and turns queued windows into :class:`Measurement` objects, summed per
+tag and optionally queued for the training thread to log. Only epoch-level code waits for resolution.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_energy.clocks import HostClock
+
+
+class Mark:
+    """A boundary on the sampler's clock: ``t`` (s) and, once resolved, cumulative J per sensor."""
+
+    __slots__ = ("t", "token", "energy", "extrapolated")
+
+    def __init__(self, token: Any, t: float | None) -> None:
+        self.token = token
+        self.t = t
+        self.energy: dict[str, float | None] | None = None
+        self.extrapolated = False
+
+    @property
+    def resolved(self) -> bool:
+        return self.energy is not None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Energy (J) per sensor over ``[start_s, end_s]`` (sampler clock, s)."""
+
+    start_s: float
+    end_s: float
+    energy_J: dict[str, float]
+    missing: tuple[str, ...] = ()
+    extrapolated: bool = False
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def total_J(self) -> float:
+        return sum(self.energy_J.values())
+
+    @property
+    def mean_power_W(self) -> float:
+        return self.total_J / self.duration_s if self.duration_s > 0 else math.nan
+
+
+def measure(start: Mark, end: Mark) -> Measurement:
+    """The measurement between two resolved marks."""
+    energy, missing = {}, []
+    for name, e_end in end.energy.items():
+        e_start = start.energy.get(name)
+        if e_end is None or e_start is None:
+            missing.append(name)
+        else:
+            energy[name] = e_end - e_start
+    return Measurement(start.t, end.t, energy, tuple(missing), start.extrapolated or end.extrapolated)
+
+
+@dataclass
+class Totals:
+    """Running sums of the windows of one tag."""
+
+    energy_J: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    count: int = 0
+
+    def add(self, m: Measurement) -> None:
+        for name, joules in m.energy_J.items():
+            self.energy_J[name] = self.energy_J.get(name, 0.0) + joules
+        self.duration_s += m.duration_s
+        self.count += 1
+
+    @property
+    def total_J(self) -> float:
+        return sum(self.energy_J.values())
+
+
+class Meter:
+    """Marks and windows over a subset of the shared sampler's sensors."""
+
+    def __init__(self, sampler, sensor_names: list[str], clock=None) -> None:
+        self.sampler = sampler
+        self.sensor_names = list(sensor_names)
+        self.clock = clock or HostClock()
+        self._pending_marks: deque[Mark] = deque()
+        self._pending_windows: deque = deque()
+        self.results: deque = deque()  # (info, Measurement) for windows queued with keep=True
+        self.totals: dict[Any, Totals] = {}
+        self._resolved = threading.Condition()
+
+    # --- training thread ----------------------------------------------------------------------
+    def mark(self) -> Mark:
+        token = self.clock.record()
+        mark = Mark(token, None if self.clock.asynchronous else token)
+        self._pending_marks.append(mark)
+        return mark
+
+    def add_window(self, start: Mark, end: Mark, tag: Any = None, info: Any = None, keep: bool = False) -> None:
+        """Queue a window; when resolved it is added to ``totals[tag]`` and, if ``keep``, to ``results``."""
+        self._pending_windows.append((start, end, tag, info, keep))
+
+    def wait(self, mark: Mark, timeout_s: float | None = None) -> Mark:
+        """Block until ``mark`` is resolved (per-epoch use only); past the timeout, extrapolate it.
+
+        Also guarantees that every window queued before ``mark`` is resolved.
+        """
+        if timeout_s is None:
+            timeout_s = self.sampler.resolution_timeout_s()
+        deadline = time.perf_counter() + timeout_s
+        while not mark.resolved:
+            if not self.sampler.running:
+                self.sampler.sample_once()
+                if not mark.resolved and time.perf_counter() >= deadline:
+                    self.sampler.force_resolve(self, mark)
+                continue
+            self.sampler.request_sample()
+            with self._resolved:
+                self._resolved.wait(timeout=min(self.sampler.interval_s, 0.01))
+            if not mark.resolved and time.perf_counter() >= deadline:
+                self.sampler.force_resolve(self, mark)
+        return mark
+
+    # --- sampling thread ----------------------------------------------------------------------
+    def oldest_pending_time(self) -> float | None:
+        marks = self._pending_marks
+        return marks[0].t if marks and marks[0].t is not None else None
+
+    def resolve(self, series: dict, force_until: Mark | None = None) -> None:
+        """Resolve what the samples cover; with ``force_until``, extrapolate up to that mark."""
+        marks = self._pending_marks
+        while marks:
+            mark = marks[0]
+            forcing = force_until is not None
+            if mark.t is None:
+                mark.t = self.clock.resolve(mark.token)
+                if mark.t is None:
+                    if not forcing:
+                        break
+                    mark.t = time.perf_counter()
+            energy = {}
+            for name in self.sensor_names:
+                s = series.get(name)
+                if s is None:
+                    energy[name] = None
+                elif s.covers(mark.t) or not s.live:
+                    energy[name] = s.energy_at(mark.t)
+                elif forcing:
+                    energy[name] = s.extrapolate(mark.t)
+                    mark.extrapolated = True
+                else:
+                    break
+            else:
+                mark.energy = energy
+                marks.popleft()
+                if mark is force_until:
+                    force_until = None
+                continue
+            break
+        self._resolve_windows()
+        with self._resolved:
+            self._resolved.notify_all()
+
+    def _resolve_windows(self) -> None:
+        windows = self._pending_windows
+        while windows and windows[0][1].resolved:
+            start, end, tag, info, keep = windows.popleft()
+            m = measure(start, end)
+            self.totals.setdefault(tag, Totals()).add(m)
+            if keep:
+                self.results.append((info, m))

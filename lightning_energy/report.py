@@ -1,0 +1,78 @@
+"""The end-of-fit energy report: assembled from per-rank summaries, printed as a table, saved as JSON."""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from importlib import metadata
+
+REPORT_FILE = "energy_report.json"
+JOULES_PER_KWH = 3.6e6
+
+
+def version() -> str:
+    try:
+        return metadata.version("lightning-energy")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) -> dict:
+    """One report from every rank's summary (see ``EnergyCallback._rank_summary``)."""
+    sensors = [s for summary in rank_summaries for s in summary["sensors"]]
+    total_J = sum(s["energy_J"] for s in sensors) + extra.get("resumed_total_J", 0.0)
+    estimated_J = sum(s["energy_J"] for s in sensors if s["estimated"])
+    duration_s = max((r["duration_s"] for r in rank_summaries), default=0.0) + extra.get("resumed_duration_s", 0.0)
+    train_J = sum(r["train_J"] for r in rank_summaries) + extra.get("resumed_train_J", 0.0)
+    validation_J = sum(r["validation_J"] for r in rank_summaries) + extra.get("resumed_validation_J", 0.0)
+    return {
+        "tool": f"lightning-energy {version()}",
+        "created_unix_s": time.time(),
+        "host": platform.node(),
+        "world_size": len(rank_summaries),
+        "duration_s": duration_s,
+        "total_J": total_J,
+        "total_kWh": total_J / JOULES_PER_KWH,
+        "train_J": train_J,
+        "validation_J": validation_J,
+        "other_J": total_J - train_J - validation_J,
+        "measured_J": total_J - estimated_J - extra.get("resumed_total_J", 0.0),
+        "estimated_J": estimated_J,
+        "estimated": any(s["estimated"] for s in sensors),
+        "mean_power_W": total_J / duration_s if duration_s > 0 else math.nan,
+        "edp_Js": total_J * duration_s,
+        "sensors": sensors,
+        "epochs": epochs,
+        "ranks": rank_summaries,
+        **{k: v for k, v in extra.items() if not k.startswith("resumed_")},
+        "resumed": {k[len("resumed_"):]: v for k, v in extra.items() if k.startswith("resumed_")} or None,
+    }
+
+
+def format_report(report: dict) -> str:
+    """The console table: one row per sensor and rank, then the totals."""
+    header = f"{'sensor':<18} {'rank':>4} {'scope':<6} {'energy J':>12} {'mean W':>9}  {'how':<9} source"
+    lines = [
+        f"lightning-energy report: {report['duration_s']:.2f} s, {report['total_J']:.1f} J "
+        f"({report['total_kWh']:.3g} kWh), {len(report['epochs'])} epoch(s), world size {report['world_size']}",
+        header,
+        "-" * len(header),
+    ]
+    for s in report["sensors"]:
+        how = "FAILED" if s.get("failure") else ("estimate" if s["estimated"] else "measured")
+        lines.append(
+            f"{s['name']:<18} {s['rank']:>4} {s['scope']:<6} {s['energy_J']:>12.2f} {s['mean_power_W']:>9.2f}  "
+            f"{how:<9} {s['source']}"
+        )
+    lines.append("-" * len(header))
+    lines.append(
+        f"{'total':<18} {'':>4} {'':<6} {report['total_J']:>12.2f} {report['mean_power_W']:>9.2f}  "
+        f"train {report['train_J']:.2f} J, validation {report['validation_J']:.2f} J, other {report['other_J']:.2f} J"
+    )
+    if report["estimated"]:
+        lines.append(f"note: {report['estimated_J']:.2f} J of the total is an ESTIMATE, not a measurement (see source)")
+    for s in report["sensors"]:
+        if s.get("failure"):
+            lines.append(f"note: sensor {s['name']} (rank {s['rank']}) failed: {s['failure']}; later figures exclude it")
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""The public sensor extension point.
+
+A sensor reports either a cumulative energy counter (override :meth:`Sensor.energy_j`, joules) or an
+instantaneous power (override :meth:`Sensor.power_w`, watts, integrated by the sampler). It has a
+``name`` (unique within a process) and a ``scope``: ``"device"`` belongs to this rank's accelerator,
+``"host"`` is shared by every rank on a node and is read by local rank 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Scope = Literal["device", "host"]
+SCOPES = ("device", "host")
+
+
+class Sensor:
+    """Base class for energy sensors.
+
+    Subclasses override exactly one of :meth:`energy_j` or :meth:`power_w`. Optional attributes:
+
+    - ``estimated``: ``True`` when the figure is modelled rather than read from a meter.
+    - ``source``: a short human-readable description of what is read (shown in the report).
+    - ``counter_update_period_s``: for counters that only change every so often (NVML: ~0.1 s), the
+      period; the sampler then attributes energy by interpolating between the updates it observes.
+    """
+
+    estimated: bool = False
+    counter_update_period_s: float | None = None
+
+    def __init__(self, name: str, scope: Scope = "host", source: str | None = None) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"Sensor name must be a non-empty string, got {name!r}")
+        if scope not in SCOPES:
+            raise ValueError(f"Sensor scope must be one of {SCOPES}, got {scope!r}")
+        self.name = name
+        self.scope: Scope = scope
+        self.source = source or type(self).__name__
+
+    # --- what a subclass overrides -------------------------------------------------------------
+    def energy_j(self) -> float:
+        """Cumulative energy in joules since an arbitrary origin (monotonic non-decreasing)."""
+        raise NotImplementedError
+
+    def power_w(self) -> float:
+        """Instantaneous power in watts."""
+        raise NotImplementedError
+
+    def read_fields(self) -> dict[str, float]:
+        """Extra telemetry recorded in the trace at each sample (utilisation, clocks, ...)."""
+        return {}
+
+    def open(self) -> None:
+        """Acquire resources; called once on the sampling thread before the first read."""
+
+    def close(self) -> None:
+        """Release resources; called once after the last read."""
+
+    # --- derived ---------------------------------------------------------------------------------
+    @property
+    def kind(self) -> Literal["energy", "power"]:
+        """``"energy"`` for cumulative counters, ``"power"`` for instantaneous readings."""
+        cls = type(self)
+        if cls.energy_j is not Sensor.energy_j:
+            return "energy"
+        if cls.power_w is not Sensor.power_w:
+            return "power"
+        raise TypeError(f"Sensor {self.name!r} ({cls.__name__}) overrides neither energy_j() nor power_w()")
+
+    def describe(self) -> dict:
+        """The report's description of this sensor."""
+        return {
+            "name": self.name,
+            "scope": self.scope,
+            "kind": self.kind,
+            "estimated": bool(self.estimated),
+            "source": self.source,
+        }
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, scope={self.scope!r})"
+
+
+def validate_sensors(sensors: object, argument: str = "sensors") -> list[Sensor]:
+    """Check a user-given list of sensors: Sensor instances with a usable kind and unique names."""
+    if isinstance(sensors, Sensor):
+        sensors = [sensors]
+    if not isinstance(sensors, (list, tuple)):
+        raise TypeError(f"`{argument}` must be a list of lightning_energy.Sensor, got {type(sensors).__name__}")
+    names: set[str] = set()
+    for item in sensors:
+        if not isinstance(item, Sensor):
+            raise TypeError(
+                f"`{argument}` must hold lightning_energy.Sensor instances; got {type(item).__name__}: {item!r}"
+            )
+        item.kind  # raises TypeError if neither method is overridden
+        if item.name in names:
+            raise ValueError(f"`{argument}` holds two sensors named {item.name!r}; names must be unique")
+        names.add(item.name)
+    return list(sensors)

@@ -1,0 +1,104 @@
+"""A labelled CPU power estimate for machines where nothing can be measured.
+
+Model (CodeCarbon's CPU-load mode): P = TDP x (0.1 + 0.9 x load^3), with load the system-wide CPU
+utilisation in [0, 1] from psutil. The TDP comes from the user, else from CodeCarbon's table of CPU
+models (read as a data file, without importing codecarbon), else CodeCarbon's default of 85 W.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import platform
+from pathlib import Path
+
+from lightning_energy.sensors.base import Sensor
+
+IDLE_FRACTION = 0.1  # CodeCarbon: a loaded CPU model draws at least 10 % of TDP
+LOAD_EXPONENT = 3  # CodeCarbon's cubic load curve
+DEFAULT_TDP_W = 85.0  # CodeCarbon's POWER_CONSTANT when the CPU model is unknown
+
+
+class CpuEstimateSensor(Sensor):
+    """Estimated CPU power from TDP and load (scope ``"host"``, ``estimated=True``)."""
+
+    estimated = True
+
+    def __init__(self, tdp_w: float | None = None, name: str = "cpu_estimate") -> None:
+        if tdp_w is not None and not tdp_w > 0:
+            raise ValueError(f"`tdp_w` must be > 0 W, got {tdp_w}")
+        model = cpu_model_name()
+        if tdp_w is not None:
+            self.tdp_w, how = float(tdp_w), "given by the user"
+        else:
+            found = lookup_tdp_w(model)
+            self.tdp_w, how = (found, "CodeCarbon's CPU table") if found else (DEFAULT_TDP_W, "default, CPU model unknown")
+        self.cpu_model = model
+        super().__init__(
+            name,
+            "host",
+            source=f"ESTIMATE: TDP {self.tdp_w:g} W ({how}; CPU {model or 'unknown'}) x (0.1 + 0.9 load^3), load from psutil",
+        )
+        self._psutil = None
+
+    def open(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        psutil.cpu_percent(interval=None)  # prime: the first call has no reference point
+
+    def power_w(self) -> float:
+        if self._psutil is None:
+            self.open()
+        load = self._psutil.cpu_percent(interval=None) / 100.0
+        return self.tdp_w * (IDLE_FRACTION + (1 - IDLE_FRACTION) * load**LOAD_EXPONENT)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "assumed_tdp_W": self.tdp_w, "cpu_model": self.cpu_model}
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (or platform), '' if unknown."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def lookup_tdp_w(model: str) -> float | None:
+    """TDP in W for the CPU model from CodeCarbon's ``cpu_power.csv`` (longest name contained in the model)."""
+    if not model:
+        return None
+    spec = importlib.util.find_spec("codecarbon")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    table = Path(list(spec.submodule_search_locations)[0]) / "data" / "hardware" / "cpu_power.csv"
+    if not table.exists():
+        return None
+    normalised = _normalise(model)
+    best: tuple[int, float] | None = None
+    with table.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            name = _normalise(row.get("Name", ""))
+            if len(name) >= 4 and _contains_word(normalised, name):
+                try:
+                    tdp = float(row["TDP"])
+                except (TypeError, ValueError):
+                    continue
+                if best is None or len(name) > best[0]:
+                    best = (len(name), tdp)
+    return best[1] if best else None
+
+
+def _normalise(text: str) -> str:
+    for noise in ("(R)", "(TM)", "CPU", "Processor", "@"):
+        text = text.replace(noise, " ")
+    return " ".join(text.lower().split())
+
+
+def _contains_word(text: str, name: str) -> bool:
+    padded = f" {text} "
+    return f" {name} " in padded

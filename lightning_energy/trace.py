@@ -1,0 +1,129 @@
+"""The sample trace of a run, streamed to CSV by the sampling thread.
+
+Two files in the log dir: ``energy_trace.csv`` (one row per sample: ``time_s`` since the trace
+started, ``unix_time_s``, and per sensor ``<name>:energy_J`` (cumulative, blank between counter
+updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``) and ``energy_events.csv``
+(``time_s, unix_time_s, event, epoch, step``). Both are written under a ``.partial`` name and renamed
+when the trace closes. Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off the training
+thread.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+
+from lightning_energy.sampler import Reading
+
+FLUSH_EVERY_ROWS = 256
+TRACE_FILE = "energy_trace.csv"
+EVENTS_FILE = "energy_events.csv"
+EVENTS = ("fit_start", "train_start", "epoch_start", "epoch_end", "validation_start", "validation_end",
+          "train_end", "fit_end")
+
+
+class TraceWriter:
+    """A sampler listener writing every sample, plus the events callbacks record."""
+
+    def __init__(self, folder: str | os.PathLike, sensor_names: list[str], suffix: str = "") -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.trace_path = folder / TRACE_FILE.replace(".csv", f"{suffix}.csv")
+        self.events_path = folder / EVENTS_FILE.replace(".csv", f"{suffix}.csv")
+        self.sensor_names = list(sensor_names)
+        self.origin_perf = time.perf_counter()
+        self.origin_unix = time.time()
+        self._trace_file = open(self._partial(self.trace_path), "w", newline="")
+        self._events_file = open(self._partial(self.events_path), "w", newline="")
+        self._trace = csv.writer(self._trace_file)
+        self._events = csv.writer(self._events_file)
+        self._events.writerow(["time_s", "unix_time_s", "event", "epoch", "step"])
+        self._columns: list[tuple[str, str]] | None = None
+        self._pending_events: deque = deque()
+        self._rows_since_flush = 0
+        self.rows = 0
+        self.closed = False
+
+    @staticmethod
+    def _partial(path: Path) -> Path:
+        return path.with_name(path.name + ".partial")
+
+    def event(self, name: str, t: float, epoch: int | None = None, step: int | None = None) -> None:
+        """Record an event at sampler time ``t`` (any thread; written by the sampling thread)."""
+        self._pending_events.append((name, t, epoch, step))
+
+    def __call__(self, t: float, readings: list[Reading]) -> None:
+        if self.closed:
+            return
+        by_name = {r.name: r for r in readings if r.name in self.sensor_names}
+        if self._columns is None:
+            self._columns = self._header(by_name)
+        row = [f"{t - self.origin_perf:.6f}", f"{self.origin_unix + t - self.origin_perf:.6f}"]
+        for name, field in self._columns:
+            reading = by_name.get(name)
+            if reading is None:
+                row.append("")
+            elif field == "energy_J":
+                row.append(_fmt(reading.energy_J))
+            elif field == "power_W":
+                row.append(_fmt(reading.power_W))
+            else:
+                row.append(_fmt(reading.fields.get(field, math.nan)))
+        self._trace.writerow(row)
+        self.rows += 1
+        self._write_events()
+        self._rows_since_flush += 1
+        if self._rows_since_flush >= FLUSH_EVERY_ROWS:
+            self._trace_file.flush()
+            self._events_file.flush()
+            self._rows_since_flush = 0
+
+    def _header(self, by_name: dict[str, Reading]) -> list[tuple[str, str]]:
+        columns = []
+        for name in self.sensor_names:
+            columns += [(name, "energy_J"), (name, "power_W")]
+            reading = by_name.get(name)
+            columns += [(name, f) for f in (reading.fields if reading else {})]
+        self._trace.writerow(["time_s", "unix_time_s"] + [f"{n}:{f}" for n, f in columns])
+        return columns
+
+    def _write_events(self) -> None:
+        while self._pending_events:
+            name, t, epoch, step = self._pending_events.popleft()
+            self._events.writerow([
+                f"{t - self.origin_perf:.6f}", f"{self.origin_unix + t - self.origin_perf:.6f}", name,
+                "" if epoch is None else epoch, "" if step is None else step,
+            ])
+
+    def close(self) -> None:
+        """Write what is left and give the files their final names (call after the sampler let go)."""
+        if self.closed:
+            return
+        if self._columns is None:
+            self._header({})
+            self._columns = []
+        self._write_events()
+        self.closed = True
+        for handle, path in ((self._trace_file, self.trace_path), (self._events_file, self.events_path)):
+            handle.close()
+            os.replace(self._partial(path), path)
+
+
+def _fmt(value: float) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.10g}"
+
+
+def read_trace(path: str | os.PathLike) -> dict[str, list[float]]:
+    """Columns of a trace CSV as float lists (blank cells become NaN)."""
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        columns: dict[str, list[float]] = {h: [] for h in header}
+        for row in reader:
+            for h, cell in zip(header, row):
+                columns[h].append(float(cell) if cell not in ("", None) else math.nan)
+    return columns
