@@ -104,6 +104,7 @@ class Sampler:
             if self._owners:
                 self.interval_s = min(self._owners.values())
                 return
+            self.failures.clear()
         self.stop()
 
     def stop(self) -> None:

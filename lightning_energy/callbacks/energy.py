@@ -94,6 +94,11 @@ class EnergyCallback(Callback):
         self._resumed: dict = {}
         self._reset_run_state()
 
+    @property
+    def state_key(self) -> str:
+        sensors = None if self._user_sensors is None else tuple(s.name for s in self._user_sensors)
+        return self._generate_state_key(backend=self.backend, sensors=sensors)
+
     def _reset_run_state(self) -> None:
         self._sampler = None
         self._meter: Meter | None = None
@@ -136,6 +141,7 @@ class EnergyCallback(Callback):
             rank_zero_warn(note)
         self._sensors = sensors
         self._sampler = get_sampler()
+        self._failures_seen = len(self._sampler.failures)  # earlier runs' failures are not ours
         names = self._sampler.acquire(self, sensors, self.interval_s)
         clock = CudaEventClock(root) if cuda_index is not None and self.cuda_events else None
         self._meter = Meter(self._sampler, names, clock)
@@ -192,7 +198,7 @@ class EnergyCallback(Callback):
         self._power.start_epoch()
         if self._zeus is not None:
             self._zeus.begin_epoch()
-        self._event("epoch_start", epoch=trainer.current_epoch)
+        self._event("epoch_start", self._epoch_start, epoch=trainer.current_epoch)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._step_start = self._meter.mark()

@@ -1,0 +1,92 @@
+"""Shared test helpers: a fake clock, a tiny LightningModule and data, simulated sensors."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("CODECARBON_LOG_LEVEL", "error")
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from lightning_energy.sampler import Sampler
+
+
+class FakeClock:
+    """A clock the test advances by hand (seconds)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def manual_sampler(clock) -> Sampler:
+    """A sampler with no thread, driven by ``sample_once()`` on the fake clock."""
+    return Sampler(clock=clock)
+
+
+class TinyRegressor(L.LightningModule):
+    """A linear model on random data that logs ``train/loss`` every step and ``val/loss``, ``test/loss``."""
+
+    def __init__(self, in_features: int = 16, fail_at_step: int | None = None) -> None:
+        super().__init__()
+        self.layer = nn.Linear(in_features, 1)
+        self.fail_at_step = fail_at_step
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        if self.fail_at_step is not None and self.global_step == self.fail_at_step:
+            raise RuntimeError("injected training failure")
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", nn.functional.mse_loss(self(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test/loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def tiny_loader(n: int = 160, batch_size: int = 16, in_features: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, in_features, generator=g)
+    y = x[:, :1] * 0.5 + 0.1 * torch.randn(n, 1, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
+
+
+def trainer_kwargs(tmp_path, **overrides) -> dict:
+    kwargs = dict(
+        default_root_dir=str(tmp_path),
+        max_epochs=2,
+        log_every_n_steps=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+    )
+    kwargs.update(overrides)
+    return kwargs

@@ -1,0 +1,238 @@
+"""EnergyCallback in real Lightning fits with simulated sensors of known power."""
+
+from __future__ import annotations
+
+import csv
+import json
+import threading
+
+import lightning as L
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from lightning_energy import EnergyCallback, SimulatedSensor
+from lightning_energy.trace import read_trace
+
+DEVICE_W, HOST_W = 120.0, 30.0
+PUBLIC_METRICS = [
+    "energy/step_J", "energy/epoch_J", "energy/total_J", "power/step_W", "power/epoch_W", "time/step_s",
+    "time/epoch_s", "edp/epoch_Js", "energy/epoch_J/device", "energy/epoch_J/host", "energy/val_epoch_J",
+]
+
+
+def simulated_sensors(**device_kwargs):
+    return [SimulatedSensor("device", DEVICE_W, **device_kwargs), SimulatedSensor("host", HOST_W, scope="host")]
+
+
+def fit(tmp_path, callback, logger=None, **overrides):
+    trainer = L.Trainer(callbacks=[callback], logger=logger if logger is not None else True,
+                        **trainer_kwargs(tmp_path, **overrides))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    return trainer
+
+
+def tensorboard_scalars(log_dir) -> dict[str, list]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = fit(tmp_path, callback, TensorBoardLogger(str(tmp_path), name="tb"))
+    acc = tensorboard_scalars(trainer.log_dir)
+    tags = set(acc.Tags()["scalars"])
+    missing = [m for m in PUBLIC_METRICS + ["train/loss"] if m not in tags]
+    assert not missing, f"missing from TensorBoard: {missing}; have {sorted(tags)}"
+    step_events = acc.Scalars("energy/step_J")
+    loss_steps = {e.step for e in acc.Scalars("train/loss")}
+    assert {e.step for e in step_events} <= loss_steps  # energy sits on the loss's step axis
+    assert len(step_events) == 10  # 20 steps, log_every_n_steps=2
+    assert all(e.value > 0 for e in step_events)
+    assert "power/trace" in acc.Tags()["images"]
+    assert acc.Tags()["tensors"], "custom scalars layout missing"
+    layout = acc.Tensors("custom_scalars__config__")[0]
+    assert b"energy/step_J" in layout.tensor_proto.string_val[0]
+    assert b"train/loss" in layout.tensor_proto.string_val[0]
+
+
+def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
+    callback = EnergyCallback(sensors=simulated_sensors())
+    trainer = fit(tmp_path, callback)
+    report = json.loads((callback.report_path).read_text())
+    assert callback.report_path.parent == __import__("pathlib").Path(trainer.log_dir)
+    assert report == json.loads(json.dumps(callback.report))
+    epochs = report["epochs"]
+    assert len(epochs) == 2
+    for row in epochs:
+        assert row["train_J"] == pytest.approx((DEVICE_W + HOST_W) * row["train_s"], rel=1e-9)
+        assert row["power_W"] == pytest.approx(DEVICE_W + HOST_W, rel=1e-9)
+        assert row["per_sensor_J"]["device"] == pytest.approx(DEVICE_W * row["train_s"], rel=1e-9)
+        assert row["steps"] == 10
+        assert 0 < row["steps_J"] < row["train_J"]
+        assert row["steps_J"] + row["between_steps_J"] == pytest.approx(row["train_J"], rel=1e-12)
+        assert row["validation_J"] > 0  # validation measured, and not inside train_J
+    sensors = {s["name"]: s for s in report["sensors"]}
+    assert sensors["device"]["energy_J"] == pytest.approx(DEVICE_W * report["duration_s"], rel=1e-9)
+    assert sensors["host"]["mean_power_W"] == pytest.approx(HOST_W, rel=1e-9)
+    assert report["total_J"] == pytest.approx((DEVICE_W + HOST_W) * report["duration_s"], rel=1e-9)
+    assert report["train_J"] == pytest.approx(sum(r["train_J"] for r in epochs), rel=1e-12)
+    assert report["train_J"] + report["validation_J"] < report["total_J"]
+    assert report["estimated"] is False and report["estimated_J"] == 0
+    logged = trainer.logged_metrics
+    assert float(logged["energy/epoch_J"]) == pytest.approx(epochs[-1]["train_J"], rel=1e-5)
+    assert float(logged["edp/epoch_Js"]) == pytest.approx(epochs[-1]["train_J"] * epochs[-1]["train_s"], rel=1e-5)
+    printed = capsys.readouterr().out
+    assert "lightning-energy report" in printed and "device" in printed and "measured" in printed
+
+
+def test_validation_is_measured_apart_from_training(tmp_path):
+    class SlowValidation(TinyRegressor):
+        def validation_step(self, batch, batch_idx):
+            import time
+
+            time.sleep(0.05)
+            return super().validation_step(batch, batch_idx)
+
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=1, num_sanity_val_steps=0))
+    trainer.fit(SlowValidation(), tiny_loader(), tiny_loader(n=48))
+    row = callback.report["epochs"][0]
+    val_J = float(trainer.logged_metrics["energy/val_epoch_J"])
+    val_s = float(trainer.logged_metrics["time/val_epoch_s"])
+    assert val_s >= 0.15  # three validation batches of 50 ms
+    assert val_J == pytest.approx((DEVICE_W + HOST_W) * val_s, rel=1e-5)
+    assert row["validation_J"] == pytest.approx(val_J, rel=1e-5)
+    # the training epoch excludes validation: training + validation time = the epoch's wall window
+    with open(f"{trainer.log_dir}/energy_events.csv", newline="") as fh:
+        events = {r["event"]: float(r["time_s"]) for r in csv.DictReader(fh)}
+    assert row["train_s"] + val_s == pytest.approx(events["epoch_end"] - events["epoch_start"], abs=1e-5)
+    assert row["train_s"] < val_s
+
+
+def test_csv_logger_gets_the_metrics(tmp_path):
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False, log_power_figure=False)
+    trainer = fit(tmp_path, callback, CSVLogger(str(tmp_path), name="csv"))
+    with open(f"{trainer.log_dir}/metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    columns = set(rows[0])
+    assert set(PUBLIC_METRICS) <= columns
+    assert sum(1 for r in rows if r["energy/step_J"]) == 10
+
+
+def test_trace_files_hold_samples_and_events(tmp_path):
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False, interval_s=0.005)
+    trainer = fit(tmp_path, callback)
+    columns = read_trace(callback.trace_path)
+    assert {"time_s", "unix_time_s", "device:energy_J", "device:power_W", "host:power_W"} <= set(columns)
+    assert len(columns["time_s"]) >= 3
+    assert all(p == pytest.approx(DEVICE_W) for p in columns["device:power_W"][1:])
+    assert columns["time_s"] == sorted(columns["time_s"])
+    with open(f"{trainer.log_dir}/energy_events.csv", newline="") as fh:
+        events = [r["event"] for r in csv.DictReader(fh)]
+    for name in ("fit_start", "train_start", "epoch_start", "epoch_end", "validation_start", "train_end", "fit_end"):
+        assert name in events, name
+    assert events[0] == "fit_start" and events[-1] == "fit_end"
+    assert not list(tmp_path.rglob("*.partial"))
+
+
+def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_path):
+    callback = EnergyCallback(verbose=False)
+    fit(tmp_path, callback, max_epochs=1)
+    report = callback.report
+    assert report["estimated"] is True
+    (sensor,) = report["sensors"]
+    assert sensor["name"] == "cpu_estimate" and sensor["estimated"] is True
+    assert sensor["assumed_tdp_W"] > 0 and "ESTIMATE" in sensor["source"]
+    assert report["estimated_J"] == pytest.approx(report["total_J"]) and report["total_J"] > 0
+
+
+def test_a_failing_sensor_warns_once_and_training_goes_on(tmp_path):
+    sensors = [SimulatedSensor("device", DEVICE_W, fail_after_s=0.0), SimulatedSensor("host", HOST_W, scope="host")]
+    callback = EnergyCallback(sensors=sensors, verbose=False)
+    with pytest.warns(UserWarning, match="sensor 'device' failed") as record:
+        trainer = fit(tmp_path, callback)
+    assert sum("sensor 'device' failed" in str(w.message) for w in record) == 1
+    assert trainer.current_epoch == 2  # training finished
+    by_name = {s["name"]: s for s in callback.report["sensors"]}
+    assert "simulated failure" in by_name["device"]["failure"]
+    assert by_name["host"]["failure"] is None
+    assert by_name["host"]["energy_J"] == pytest.approx(HOST_W * callback.report["duration_s"], rel=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_resume_continues_the_cumulative_energy(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    first = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[first, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+                        **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    saved = __import__("torch").load(ckpt_dir / "last.ckpt", weights_only=False)
+    state = next(v for k, v in saved["callbacks"].items() if k.startswith("EnergyCallback"))
+    assert state["total_J"] == pytest.approx(first.report["epochs"][-1]["total_J"])
+    assert len(state["epochs"]) == 2
+
+    second = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+                        **trainer_kwargs(tmp_path, max_epochs=4, enable_checkpointing=True))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt_dir / "last.ckpt")
+    report = second.report
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1, 2, 3]
+    assert report["resumed"]["total_J"] == pytest.approx(state["total_J"])
+    session_J = sum(s["energy_J"] for s in report["sensors"])
+    assert report["total_J"] == pytest.approx(state["total_J"] + session_J, rel=1e-12)
+    assert report["epochs"][2]["total_J"] > state["total_J"]
+    assert float(trainer.logged_metrics["energy/total_J"]) == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-5)
+
+
+def test_test_loop_is_measured(tmp_path):
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path))
+    trainer.test(TinyRegressor(), tiny_loader(n=48))
+    seconds = float(trainer.logged_metrics["time/test_epoch_s"])
+    assert float(trainer.logged_metrics["energy/test_epoch_J"]) == pytest.approx((DEVICE_W + HOST_W) * seconds, rel=1e-5)
+
+
+def test_one_sampling_thread_for_several_callbacks(tmp_path):
+    seen = []
+
+    class CountThreads(L.Callback):
+        def on_train_batch_end(self, *args):
+            seen.append(sum(t.name == "lightning-energy-sampler" for t in threading.enumerate()))
+
+    callbacks = [EnergyCallback(sensors=simulated_sensors(), verbose=False, write_trace=False),
+                 EnergyCallback(sensors=[SimulatedSensor("other", 5.0)], verbose=False, write_trace=False),
+                 CountThreads()]
+    trainer = L.Trainer(callbacks=callbacks, logger=False, **{k: v for k, v in trainer_kwargs(tmp_path).items()})
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert seen and set(seen) == {1}
+    assert not any(t.name == "lightning-energy-sampler" for t in threading.enumerate())
+
+
+def test_training_exception_releases_the_sampler(tmp_path):
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path))
+    with pytest.raises(RuntimeError, match="injected"):
+        trainer.fit(TinyRegressor(fail_at_step=3), tiny_loader(), tiny_loader(n=48))
+    assert not any(t.name == "lightning-energy-sampler" for t in threading.enumerate())
+    assert callback.trace_path.exists() and not list(tmp_path.rglob("*.partial"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(sensors=["gpu"]), TypeError, "sensors"),
+        (dict(sensors=SimulatedSensor("x", 1.0), backend="zeus"), ValueError, "backend"),
+        (dict(backend="rapl"), ValueError, "backend"),
+        (dict(interval_s=0), ValueError, "interval_s"),
+        (dict(interval_s="fast"), ValueError, "interval_s"),
+        (dict(verbose="yes"), TypeError, "verbose"),
+    ],
+)
+def test_arguments_are_validated_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        EnergyCallback(**kwargs)

@@ -1,0 +1,178 @@
+"""Invariants of sampling and attribution, on simulated sensors and a hand-driven clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_energy.meter import Meter, measure
+from lightning_energy.sampler import KEEP_POINTS, Sampler
+from lightning_energy.sensors.simulated import SimulatedSensor
+
+
+def setup_meter(sampler: Sampler, clock, sensors) -> Meter:
+    names = sampler.acquire("test", sensors, interval_s=0.01, start_thread=False)
+    meter = Meter(sampler, names)
+    meter.clock.record = clock  # marks on the fake clock
+    sampler.add_meter(meter)
+    return meter
+
+
+def tick(sampler, clock, seconds, every=0.01):
+    """Advance the fake clock by ``seconds`` sampling every ``every`` s."""
+    steps = round(seconds / every)
+    for _ in range(steps):
+        clock.advance(every)
+        sampler.sample_once()
+
+
+@pytest.mark.parametrize("kind", ["power", "energy"])
+def test_constant_power_gives_power_times_time(manual_sampler, clock, kind):
+    sensor = SimulatedSensor("s", 250.0, kind=kind, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    tick(manual_sampler, clock, 0.5)
+    start = meter.mark()
+    clock.advance(0.0037)  # a boundary between two samples
+    tick(manual_sampler, clock, 2.0)
+    end = meter.mark()
+    tick(manual_sampler, clock, 0.05)
+    m = measure(start, end)
+    assert m.duration_s == pytest.approx(2.0037, abs=1e-9)
+    assert m.energy_J["s"] == pytest.approx(250.0 * m.duration_s, rel=1e-12)
+    assert m.mean_power_W == pytest.approx(250.0, rel=1e-12)
+
+
+def test_steps_plus_gaps_equal_epoch_on_a_varying_trace(manual_sampler, clock):
+    trace = [(0.0, 80.0), (0.31, 300.0), (0.77, 120.0), (1.4, 260.0)]
+    sensors = [
+        SimulatedSensor("gpu", trace, kind="energy", counter_update_period_s=0.1, clock=clock),
+        SimulatedSensor("cpu", [(0.0, 40.0), (0.5, 65.0)], scope="host", clock=clock),
+    ]
+    meter = setup_meter(manual_sampler, clock, sensors)
+    epoch_start = meter.mark()
+    steps, gaps = [], []
+    previous_end = epoch_start
+    for i in range(12):
+        clock.advance(0.013)  # between-step gap (data loading)
+        manual_sampler.sample_once()
+        start = meter.mark()
+        gaps.append((previous_end, start))
+        tick(manual_sampler, clock, 0.07 + 0.01 * (i % 3))
+        clock.advance(0.004)
+        end = meter.mark()
+        steps.append((start, end))
+        meter.add_window(start, end, tag="epoch")
+        previous_end = end
+    clock.advance(0.02)
+    epoch_end = meter.mark()
+    gaps.append((previous_end, epoch_end))
+    tick(manual_sampler, clock, 0.3)
+    epoch = measure(epoch_start, epoch_end)
+    step_sum = sum(measure(a, b).total_J for a, b in steps)
+    gap_sum = sum(measure(a, b).total_J for a, b in gaps)
+    assert step_sum + gap_sum == pytest.approx(epoch.total_J, rel=1e-12)
+    assert meter.totals["epoch"].total_J == pytest.approx(step_sum, rel=1e-12)
+    assert meter.totals["epoch"].count == 12
+    assert 0 < step_sum < epoch.total_J
+    # the counter is only read every 0.1 s, yet the epoch matches the exact integral closely
+    exact = sensors[0].energy_at(epoch_end.t - sensors[0]._origin) - sensors[0].energy_at(epoch_start.t - sensors[0]._origin)
+    assert epoch.energy_J["gpu"] == pytest.approx(exact, rel=0.05)
+
+
+def test_window_shorter_than_counter_update_is_interpolated(manual_sampler, clock):
+    sensor = SimulatedSensor("gpu", 200.0, kind="energy", counter_update_period_s=0.1, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    tick(manual_sampler, clock, 0.32)
+    start = meter.mark()
+    tick(manual_sampler, clock, 0.03)  # a 30 ms window inside one 100 ms counter period
+    end = meter.mark()
+    tick(manual_sampler, clock, 0.3)
+    m = measure(start, end)
+    assert m.energy_J["gpu"] == pytest.approx(200.0 * 0.03, rel=1e-6)
+    assert m.energy_J["gpu"] not in (0.0, pytest.approx(20.0))  # neither 0 J nor the whole 100 ms jump
+
+
+def test_counter_at_zero_power_still_resolves(manual_sampler, clock):
+    sensor = SimulatedSensor("idle", 0.0, kind="energy", counter_update_period_s=0.1, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    start = meter.mark()
+    tick(manual_sampler, clock, 0.5)
+    assert start.resolved and start.energy["idle"] == 0.0
+
+
+def test_failed_sensor_is_flagged_and_others_go_on(manual_sampler, clock):
+    good = SimulatedSensor("good", 100.0, clock=clock)
+    bad = SimulatedSensor("bad", 50.0, clock=clock, fail_after_s=0.2)
+    meter = setup_meter(manual_sampler, clock, [good, bad])
+    start = meter.mark()
+    tick(manual_sampler, clock, 0.5)
+    end = meter.mark()
+    tick(manual_sampler, clock, 0.05)
+    assert [f.name for f in manual_sampler.failures] == ["bad"]
+    assert "simulated failure" in manual_sampler.failures[0].message
+    m = measure(start, end)
+    assert m.energy_J["good"] == pytest.approx(50.0, rel=1e-9)
+    assert m.missing == ("bad",)
+
+
+def test_unresolved_mark_is_extrapolated_when_forced(manual_sampler, clock):
+    sensor = SimulatedSensor("s", 100.0, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    tick(manual_sampler, clock, 0.1)
+    clock.advance(0.05)
+    mark = meter.mark()  # no sample after it
+    assert not mark.resolved
+    manual_sampler.force_resolve(meter, mark)
+    assert mark.resolved and mark.extrapolated
+    assert mark.energy["s"] == pytest.approx(100.0 * 0.15, rel=1e-9)
+
+
+def test_memory_stays_bounded_over_many_samples(manual_sampler, clock):
+    sensor = SimulatedSensor("s", 10.0, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    start = meter.mark()
+    tick(manual_sampler, clock, 60.0, every=0.001)  # 60 000 samples
+    series = manual_sampler.series["s"]
+    assert len(series.times) <= 2 * KEEP_POINTS
+    assert start.resolved
+    end = meter.mark()
+    tick(manual_sampler, clock, 0.01)
+    assert measure(start, end).energy_J["s"] == pytest.approx(600.0, rel=1e-9)
+
+
+def test_release_stops_thread_and_closes_sensors(clock):
+    closed = []
+
+    class Closing(SimulatedSensor):
+        def close(self):
+            closed.append(self.name)
+
+    sampler = Sampler()
+    sampler.acquire("a", [Closing("x", 1.0)], interval_s=0.005)
+    sampler.acquire("b", [Closing("y", 1.0)], interval_s=0.01)
+    assert sampler.running and sampler.interval_s == 0.005
+    sampler.release("a")
+    assert closed == ["x"] and sampler.running and sampler.interval_s == 0.01
+    sampler.release("b")
+    assert closed == ["x", "y"] and not sampler.running
+
+
+def test_interval_is_validated(manual_sampler):
+    with pytest.raises(ValueError, match="interval_s"):
+        manual_sampler.acquire("x", [], interval_s=0.0, start_thread=False)
+
+
+def test_trapezoid_on_a_power_ramp_is_exact_at_samples(manual_sampler, clock):
+    class Ramp(SimulatedSensor):
+        def power_w(self):
+            return 10.0 * self.elapsed_s()
+
+    sensor = Ramp("ramp", clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+    start = meter.mark()
+    tick(manual_sampler, clock, 1.0)
+    end = meter.mark()
+    manual_sampler.sample_once()
+    assert measure(start, end).energy_J["ramp"] == pytest.approx(5.0, rel=1e-9)  # ∫10t dt from 0 to 1
+    assert not math.isnan(manual_sampler.series["ramp"].power_w)

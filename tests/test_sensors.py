@@ -1,0 +1,275 @@
+"""Built-in sensors against fake hardware: RAPL files, a fake NVML, psutil load, Zeus's device layer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from lightning_energy import Sensor, SimulatedSensor
+from lightning_energy.sensors import estimate, rapl
+from lightning_energy.sensors.base import validate_sensors
+from lightning_energy.sensors.detect import default_sensors, zeus_sensors
+from lightning_energy.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
+from lightning_energy.sensors.zeus import ZeusBackend
+
+
+# ------------------------------------------------------------------ base class
+class WallPlug(Sensor):
+    def __init__(self):
+        super().__init__("wall_plug", "host")
+
+    def power_w(self):
+        return 42.0
+
+
+def test_kind_follows_the_overridden_method():
+    assert WallPlug().kind == "power"
+
+    class Counter(Sensor):
+        def energy_j(self):
+            return 1.0
+
+    assert Counter("c", "device").kind == "energy"
+
+
+def test_sensor_without_a_reading_method_is_rejected():
+    with pytest.raises(TypeError, match="overrides neither"):
+        validate_sensors([Sensor("empty")])
+
+
+@pytest.mark.parametrize("bad", [["not a sensor"], [WallPlug(), object()], "gpu", 3])
+def test_non_sensors_are_rejected(bad):
+    with pytest.raises(TypeError, match="sensors"):
+        validate_sensors(bad)
+
+
+def test_duplicate_names_and_bad_scope_are_rejected():
+    with pytest.raises(ValueError, match="two sensors named"):
+        validate_sensors([WallPlug(), WallPlug()])
+    with pytest.raises(ValueError, match="scope"):
+        SimulatedSensor("x", 1.0, scope="rack")
+    with pytest.raises(ValueError, match="name"):
+        Sensor("  ")
+
+
+# ------------------------------------------------------------------ simulated
+def test_simulated_trace_integral_is_exact():
+    now = [0.0]
+    s = SimulatedSensor("s", [(0.0, 100.0), (2.0, 50.0)], kind="energy", clock=lambda: now[0])
+    s.open()
+    now[0] = 3.0
+    assert s.energy_j() == pytest.approx(250.0)
+    assert s.power_w() == 50.0
+
+
+def test_simulated_counter_is_quantised():
+    now = [0.0]
+    s = SimulatedSensor("s", 10.0, kind="energy", counter_update_period_s=0.5, clock=lambda: now[0])
+    s.open()
+    now[0] = 1.2
+    assert s.energy_j() == pytest.approx(10.0)  # counter last moved at 1.0 s
+
+
+@pytest.mark.parametrize("trace", [[(1.0, 5.0)], [(0.0, 5.0), (0.0, 6.0)], [(0.0, -1.0)]])
+def test_simulated_trace_is_validated(trace):
+    with pytest.raises(ValueError, match="trace"):
+        SimulatedSensor("s", trace)
+
+
+# ------------------------------------------------------------------ RAPL
+def make_zone(root: Path, name: str, label: str, energy_uj: int, max_uj: int = 1_000_000) -> Path:
+    zone = root / name
+    zone.mkdir(parents=True)
+    (zone / "name").write_text(label + "\n")
+    (zone / "energy_uj").write_text(f"{energy_uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return zone
+
+
+def test_rapl_finds_package_and_dram_but_not_core(tmp_path):
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 100)
+    make_zone(tmp_path / "intel-rapl:0", "intel-rapl:0:0", "core", 5)
+    make_zone(tmp_path / "intel-rapl:0", "intel-rapl:0:1", "dram", 7)
+    make_zone(tmp_path, "intel-rapl:1", "psys", 1)
+    zones, unreadable = rapl.find_rapl_zones(tmp_path)
+    assert [z.label for z in zones] == ["package-0", "package-0/dram"]
+    assert unreadable == []
+    sensors = [rapl.RaplSensor(z) for z in zones]
+    assert [s.name for s in sensors] == ["cpu_package0", "cpu_package0_dram"]
+    assert all(s.scope == "host" and s.kind == "energy" and not s.estimated for s in sensors)
+
+
+def test_amd_rapl_is_found(tmp_path):
+    make_zone(tmp_path, "amd-rapl:0", "package-0", 100)
+    zones, _ = rapl.find_rapl_zones(tmp_path)
+    assert [z.label for z in zones] == ["package-0"]
+
+
+def test_rapl_counter_wrap_around(tmp_path):
+    zone_dir = make_zone(tmp_path, "intel-rapl:0", "package-0", 900_000, max_uj=1_000_000)
+    (zone,), _ = rapl.find_rapl_zones(tmp_path)
+    sensor = rapl.RaplSensor(zone)
+    first = sensor.energy_j()
+    (zone_dir / "energy_uj").write_text("50000\n")  # the counter wrapped at 1 000 000 uJ
+    second = sensor.energy_j()
+    assert second - first == pytest.approx(0.15)  # 900 000 -> 1 000 000 -> 50 000 uJ = 150 000 uJ
+    (zone_dir / "energy_uj").write_text("60000\n")
+    assert sensor.energy_j() - second == pytest.approx(0.01)
+
+
+def test_unreadable_rapl_warns_with_the_fix_and_falls_back_to_estimate(tmp_path, monkeypatch):
+    make_zone(tmp_path, "intel-rapl:0", "package-0", 100)
+    monkeypatch.setattr(rapl, "_readable", lambda path: False)
+    sensors, notes = default_sensors(None, read_host=True, powercap_root=tmp_path)
+    assert [type(s).__name__ for s in sensors] == ["CpuEstimateSensor"]
+    assert len(notes) == 1 and "not readable" in notes[0] and "chmod" in notes[0] and "root" in notes[0]
+
+
+def test_no_host_sensors_on_other_local_ranks(tmp_path):
+    sensors, notes = default_sensors(None, read_host=False, powercap_root=tmp_path)
+    assert sensors == [] and notes == []
+
+
+# ------------------------------------------------------------------ CPU estimate
+def test_cpu_estimate_follows_the_load_model(monkeypatch):
+    fake_psutil = types.SimpleNamespace(cpu_percent=lambda interval=None: 50.0)
+    monkeypatch.setitem(sys.modules, "psutil", fake_psutil)
+    sensor = estimate.CpuEstimateSensor(tdp_w=100.0)
+    sensor.open()
+    assert sensor.power_w() == pytest.approx(100.0 * (0.1 + 0.9 * 0.5**3))
+    described = sensor.describe()
+    assert described["estimated"] is True and described["assumed_tdp_W"] == 100.0
+    assert "ESTIMATE" in described["source"] and "100 W" in described["source"]
+
+
+def test_cpu_tdp_lookup_uses_codecarbons_table():
+    assert estimate.lookup_tdp_w("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz") == 270.0
+    assert estimate.lookup_tdp_w("A CPU nobody has heard of") is None
+    with pytest.raises(ValueError, match="tdp_w"):
+        estimate.CpuEstimateSensor(tdp_w=0)
+
+
+# ------------------------------------------------------------------ NVML (fake library)
+class FakeNvml:
+    """Just enough of pynvml for the sensor: one or two GPUs with a counter, or power only."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+    NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES = 0, 1
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, has_counter=True, uuids=("GPU-aaaa", "GPU-bbbb")):
+        self.has_counter = has_counter
+        self.uuids = uuids
+        self.energy_mj = 5_000_000
+        self.power_mw = 250_000
+        self.shutdowns = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.uuids[h]
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake H100"
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        if not self.has_counter:
+            raise self.NVMLError("Not Supported")
+        return self.energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self.power_mw
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=97, memory=40)
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return {1: 1980, 2: 2619}[which]
+
+    def nvmlDeviceGetPerformanceState(self, h):
+        return 0
+
+    def nvmlDeviceGetTemperature(self, h, which):
+        return 61
+
+    def nvmlDeviceGetPcieThroughput(self, h, which):
+        raise self.NVMLError("Not Supported")
+
+
+def test_nvml_counter_and_telemetry():
+    nvml = FakeNvml()
+    sensor = NvmlGpuSensor(1, pynvml_module=nvml)
+    sensor.open()
+    assert sensor.kind == "energy" and sensor.counter_update_period_s == pytest.approx(0.1)
+    assert sensor.scope == "device" and sensor.name == "gpu1"
+    assert sensor.energy_j() == pytest.approx(5000.0)
+    fields = sensor.read_fields()
+    assert fields == {"gpu_util_pct": 97.0, "mem_util_pct": 40.0, "sm_clock_MHz": 1980.0, "mem_clock_MHz": 2619.0,
+                      "pstate": 0.0, "power_W": 250.0, "temperature_C": 61.0}  # PCIe not exposed: left out
+    assert "Fake H100" in sensor.source and "counter" in sensor.source
+    sensor.close()
+    assert nvml.shutdowns == 1
+
+
+def test_nvml_falls_back_to_power_polling_before_volta():
+    sensor = NvmlGpuSensor(0, pynvml_module=FakeNvml(has_counter=False))
+    sensor.open()
+    assert sensor.kind == "power" and sensor.power_w() == pytest.approx(250.0)
+    assert "polled" in sensor.source
+
+
+def test_cuda_visible_devices_maps_to_nvml_index(monkeypatch):
+    nvml = FakeNvml(uuids=("GPU-aaaa", "GPU-bbbb", "GPU-cccc"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert nvml_index_for_cuda_device(nvml, 0) == 2
+    assert nvml_index_for_cuda_device(nvml, 1) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbb")
+    assert nvml_index_for_cuda_device(nvml, 0) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(RuntimeError, match="not in CUDA_VISIBLE_DEVICES"):
+        nvml_index_for_cuda_device(nvml, 1)
+
+
+# ------------------------------------------------------------------ Zeus backend (fake monitor)
+def test_zeus_backend_reads_through_the_monitor_device_layer():
+    gpus = types.SimpleNamespace(
+        supports_get_total_energy_consumption=lambda i: True,
+        get_total_energy_consumption=lambda i: 12_000.0,  # mJ
+        get_instant_power_usage=lambda i: 0.0,
+    )
+    cpus = types.SimpleNamespace(
+        supports_get_dram_energy_consumption=lambda i: True,
+        get_total_energy_consumption=lambda i: types.SimpleNamespace(cpu_mj=3_000.0, dram_mj=500.0),
+    )
+    monitor = types.SimpleNamespace(gpus=gpus, cpus=cpus, gpu_indices=[0], cpu_indices=[0])
+    sensors = ZeusBackend(0, True, monitor=monitor).sensors()
+    assert [(s.name, s.scope) for s in sensors] == [("zeus_gpu0", "device"), ("zeus_cpu0_package", "host"),
+                                                     ("zeus_cpu0_dram", "host")]
+    assert [s.energy_j() for s in sensors] == [pytest.approx(12.0), pytest.approx(3.0), pytest.approx(0.5)]
+
+
+def test_zeus_backend_without_devices_fails_with_a_clear_message():
+    with pytest.raises(RuntimeError, match="Zeus found no GPU or RAPL"):
+        zeus_sensors(None, read_host=True)
+
+
+def test_import_prints_nothing():
+    code = "import lightning_energy, lightning_energy.sensors.zeus, lightning_energy.sensors.detect"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == ""
