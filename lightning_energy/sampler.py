@@ -172,8 +172,12 @@ class Sampler:
                 energy = series.energies[-1] if series.times[-1] == t else math.nan
                 readings.append(Reading(series.name, energy, series.power_w, series.fields))
             self.samples_taken += 1
-            for listener in self._listeners:
-                listener(t, readings)
+            for listener in list(self._listeners):
+                try:
+                    listener(t, readings)
+                except Exception as err:  # e.g. a full disk under the trace: drop the listener, go on
+                    self._listeners.remove(listener)
+                    self.failures.append(SensorFailure(f"listener {listener!r}", f"{type(err).__name__}: {err}", t))
             for meter in self._meters:
                 meter.resolve(self.series)
             self._trim()

@@ -236,3 +236,33 @@ def test_training_exception_releases_the_sampler(tmp_path):
 def test_arguments_are_validated_at_construction(kwargs, error, match):
     with pytest.raises(error, match=match):
         EnergyCallback(**kwargs)
+
+
+def test_any_lightning_logger_receives_the_metrics(tmp_path):
+    from lightning.pytorch.loggers.logger import Logger
+
+    class RecordingLogger(Logger):
+        """A minimal third-party logger (MLflow and others implement the same interface)."""
+
+        def __init__(self):
+            super().__init__()
+            self.metrics: list[tuple[int, dict]] = []
+
+        name = "recording"
+        version = 0
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    logger = RecordingLogger()
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    trainer = fit(tmp_path, callback, logger)
+    keys = {k for _, metrics in logger.metrics for k in metrics}
+    assert set(PUBLIC_METRICS) <= keys
+    steps = [step for step, metrics in logger.metrics if "energy/step_J" in metrics]
+    assert steps == sorted(steps) and len(steps) == 10
+    assert "energy_kJ" in trainer.progress_bar_metrics
+    assert trainer.progress_bar_metrics["energy_kJ"] > 0

@@ -176,3 +176,53 @@ def test_trapezoid_on_a_power_ramp_is_exact_at_samples(manual_sampler, clock):
     manual_sampler.sample_once()
     assert measure(start, end).energy_J["ramp"] == pytest.approx(5.0, rel=1e-9)  # ∫10t dt from 0 to 1
     assert not math.isnan(manual_sampler.series["ramp"].power_w)
+
+
+class FakeAsyncClock:
+    """Stands in for CUDA events: a boundary's time is known only once the 'GPU' reaches it."""
+
+    asynchronous = True
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.gpu_time = None  # the GPU has completed work up to this host time
+
+    def record(self):
+        return self.clock() + 0.05  # the GPU reaches this boundary 50 ms after the Python call
+
+    def resolve(self, token):
+        return token if self.gpu_time is not None and self.gpu_time >= token else None
+
+    def reanchor(self):
+        pass
+
+
+def test_asynchronous_boundaries_resolve_to_device_time(manual_sampler, clock):
+    sensor = SimulatedSensor("gpu", [(0.0, 50.0), (0.1, 300.0)], clock=clock)
+    names = manual_sampler.acquire("test", [sensor], interval_s=0.01, start_thread=False)
+    async_clock = FakeAsyncClock(clock)
+    meter = Meter(manual_sampler, names, async_clock)
+    manual_sampler.add_meter(meter)
+    start = meter.mark()  # host t=0, device t=0.05
+    clock.advance(0.01)
+    end = meter.mark()  # host t=0.01, device t=0.06
+    tick(manual_sampler, clock, 0.2)
+    assert not start.resolved  # the device has not reported reaching the boundary
+    async_clock.gpu_time = clock()
+    manual_sampler.sample_once()
+    assert start.t == pytest.approx(1000.05) and end.t == pytest.approx(1000.06)
+    assert measure(start, end).energy_J["gpu"] == pytest.approx(50.0 * 0.01, rel=1e-6)  # device window, not host
+
+
+def test_a_broken_listener_is_dropped_and_sampling_goes_on(manual_sampler, clock):
+    sensor = SimulatedSensor("s", 10.0, clock=clock)
+    meter = setup_meter(manual_sampler, clock, [sensor])
+
+    def broken(t, readings):
+        raise OSError("No space left on device")
+
+    manual_sampler.add_listener(broken)
+    start = meter.mark()
+    tick(manual_sampler, clock, 0.1)
+    assert start.resolved
+    assert any("No space left" in f.message for f in manual_sampler.failures)
