@@ -11,13 +11,13 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
-from lightning_energy.clocks import CudaEventClock
 from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import Mark, Measurement, Meter, measure
 from lightning_energy.report import REPORT_FILE, build_report, format_report
 from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, get_sampler
 from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS, default_sensors, zeus_sensors
+from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.session import open_meter_session
 from lightning_energy.tensorboard import EpochPowerRecorder, TensorBoardExtras
 from lightning_energy.trace import TraceWriter
 
@@ -95,6 +95,11 @@ class EnergyCallback(Callback):
         self._reset_run_state()
 
     @property
+    def sensors_in_use(self) -> list[Sensor]:
+        """The sensors this rank reads during the current run (empty outside a run)."""
+        return list(self._sensors) if self._meter is not None else []
+
+    @property
     def state_key(self) -> str:
         sensors = None if self._user_sensors is None else tuple(s.name for s in self._user_sensors)
         return self._generate_state_key(backend=self.backend, sensors=sensors)
@@ -128,24 +133,15 @@ class EnergyCallback(Callback):
             return
         self._resumed = {}  # a checkpoint's state arrives after setup, through load_state_dict
         self._reset_run_state()
-        root = trainer.strategy.root_device
-        cuda_index = root.index if root.type == "cuda" else None
-        read_host = trainer.local_rank == 0
-        if self._user_sensors is not None:
-            sensors = [s for s in self._user_sensors if s.scope == "device" or read_host]
-        elif self.backend == "zeus":
-            sensors, self._zeus = zeus_sensors(cuda_index if cuda_index is not None else None, read_host)
-        else:
-            sensors, self._notes = default_sensors(cuda_index, read_host)
+        sampler = get_sampler()
+        self._failures_seen = len(sampler.failures)  # earlier runs' failures are not ours
+        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s,
+                                           self.cuda_events)
+        self._sampler, self._meter = sampler, self._session.meter
+        self._sensors, self._notes, self._zeus = self._session.sensors, self._session.notes, self._session.zeus
         for note in self._notes:
             rank_zero_warn(note)
-        self._sensors = sensors
-        self._sampler = get_sampler()
-        self._failures_seen = len(self._sampler.failures)  # earlier runs' failures are not ours
-        names = self._sampler.acquire(self, sensors, self.interval_s)
-        clock = CudaEventClock(root) if cuda_index is not None and self.cuda_events else None
-        self._meter = Meter(self._sampler, names, clock)
-        self._sampler.add_meter(self._meter)
+        names = self._meter.sensor_names
         self._sampler.add_listener(self._power)
         log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         if self.write_trace:
@@ -170,8 +166,7 @@ class EnergyCallback(Callback):
         sampler.remove_listener(self._power)
         if self._trace is not None:
             sampler.remove_listener(self._trace)
-        sampler.remove_meter(self._meter)
-        sampler.release(self)
+        self._session.close()
         if self._trace is not None:
             self._trace.close()
         self.trace_path = self._trace.trace_path if self._trace is not None else None

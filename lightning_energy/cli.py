@@ -1,0 +1,44 @@
+"""The ``lightning-energy`` command: one sub-command per module under ``lightning_energy.commands``.
+
+Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
+Errors a user can fix raise :class:`CommandError`; they are printed as one line on stderr with exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; add a line here for each new command
+COMMANDS: dict[str, str] = {
+    "show-report": "lightning_energy.commands.show_report",
+}
+
+
+class CommandError(Exception):
+    """A problem with the user's input: printed as one line, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lightning-energy", description="Energy of PyTorch Lightning runs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except CommandError as err:
+        print(f"lightning-energy {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

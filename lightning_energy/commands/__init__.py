@@ -1,0 +1,1 @@
+"""Sub-commands of the ``lightning-energy`` command (see ``lightning_energy.cli``)."""

@@ -1,0 +1,80 @@
+"""Attach a callback to the shared sampler: pick this rank's sensors, acquire the sampler, open a Meter.
+
+Every callback of the suite goes through :func:`open_meter_session` in its ``setup`` so that one
+sampling thread serves them all. A callback that finds an ``EnergyCallback`` already set up in the same
+Trainer reuses its sensors rather than detecting them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning_energy.clocks import CudaEventClock
+from lightning_energy.meter import Meter
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
+from lightning_energy.sensors.base import Sensor
+from lightning_energy.sensors.detect import default_sensors, zeus_sensors
+
+
+@dataclass
+class MeterSession:
+    """What a callback holds while attached: its sensors, the shared sampler and its own Meter."""
+
+    owner: object
+    sampler: Sampler
+    meter: Meter
+    sensors: list[Sensor]
+    notes: list[str] = field(default_factory=list)  # one-time warnings about what could not be measured
+    zeus: object = None  # the ZeusBackend when backend="zeus"
+
+    def close(self) -> None:
+        """Detach from the sampler (stops the thread when nobody else uses it)."""
+        self.sampler.remove_meter(self.meter)
+        self.sampler.release(self.owner)
+
+
+def rank_sensors(trainer, sensors: list[Sensor] | None = None, backend: str = "auto"):
+    """(sensors, notes, zeus backend) for this rank: host sensors on local rank 0 only."""
+    root = trainer.strategy.root_device
+    cuda_index = root.index if root.type == "cuda" else None
+    read_host = trainer.local_rank == 0
+    if sensors is not None:
+        return [s for s in sensors if s.scope == "device" or read_host], [], None
+    if backend == "zeus":
+        found, zeus = zeus_sensors(cuda_index, read_host)
+        return found, [], zeus
+    found, notes = default_sensors(cuda_index, read_host)
+    return found, notes, None
+
+
+def open_meter_session(
+    trainer,
+    owner: object,
+    sensors: list[Sensor] | None = None,
+    backend: str = "auto",
+    interval_s: float = DEFAULT_INTERVAL_S,
+    cuda_events: bool = True,
+) -> MeterSession:
+    """Attach ``owner`` to the shared sampler with this rank's sensors and return its session."""
+    zeus = None
+    notes: list[str] = []
+    if sensors is None and backend == "auto" and (shared := _energy_callback_sensors(trainer, owner)) is not None:
+        chosen = shared
+    else:
+        chosen, notes, zeus = rank_sensors(trainer, sensors, backend)
+    sampler = get_sampler()
+    names = sampler.acquire(owner, chosen, interval_s)
+    root = trainer.strategy.root_device
+    clock = CudaEventClock(root) if root.type == "cuda" and cuda_events else None
+    meter = Meter(sampler, names, clock)
+    sampler.add_meter(meter)
+    return MeterSession(owner, sampler, meter, chosen, notes, zeus)
+
+
+def _energy_callback_sensors(trainer, owner) -> list[Sensor] | None:
+    from lightning_energy.callbacks.energy import EnergyCallback
+
+    for callback in trainer.callbacks:
+        if callback is not owner and isinstance(callback, EnergyCallback) and callback.sensors_in_use:
+            return list(callback.sensors_in_use)
+    return None
