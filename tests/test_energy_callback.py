@@ -266,3 +266,24 @@ def test_any_lightning_logger_receives_the_metrics(tmp_path):
     assert steps == sorted(steps) and len(steps) == 10
     assert "energy_kJ" in trainer.progress_bar_metrics
     assert trainer.progress_bar_metrics["energy_kJ"] > 0
+
+
+def test_lightning_cli_config_with_simulated_sensors(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "energy_simulated.yaml"
+    monkeypatch.setattr("sys.argv", ["lightning-cli"])
+    cli = LightningCLI(
+        BoringModel, BoringDataModule, run=False, save_config_kwargs={"overwrite": True},
+        args=["--config", str(config), "--seed_everything=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=4",
+              "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false",
+              "--trainer.log_every_n_steps=1", f"--trainer.default_root_dir={tmp_path}"],
+    )
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, EnergyCallback)]
+    cli.trainer.fit(cli.model, cli.datamodule)
+    names = {s["name"]: s for s in callback.report["sensors"]}
+    assert set(names) == {"sim_gpu", "sim_cpu"}
+    assert names["sim_cpu"]["mean_power_W"] == pytest.approx(45.0, rel=1e-9)
