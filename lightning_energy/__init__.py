@@ -5,9 +5,11 @@ codecarbon are imported only by the functions that need them.
 """
 
 from lightning_energy.callbacks.energy import EnergyCallback
+from lightning_energy.callbacks.precision import PrecisionSwitch
 from lightning_energy.meter import Measurement, Meter
+from lightning_energy.precision import SwitchablePrecision
 from lightning_energy.sampler import Sampler, get_sampler
 from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor
 
-__all__ = ["EnergyCallback", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
+__all__ = ["EnergyCallback", "PrecisionSwitch", "SwitchablePrecision", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
            "Measurement", "Meter", "Sampler", "get_sampler"]

@@ -72,6 +72,8 @@ def format_report(report: dict) -> str:
     )
     if report["estimated"]:
         lines.append(f"note: {report['estimated_J']:.2f} J of the total is an ESTIMATE, not a measurement (see source)")
+    if report.get("sections"):
+        lines.append(f"sections in the JSON report: {', '.join(sorted(report['sections']))}")
     for s in report["sensors"]:
         if s.get("failure"):
             lines.append(f"note: sensor {s['name']} (rank {s['rank']}) failed: {s['failure']}; later figures exclude it")

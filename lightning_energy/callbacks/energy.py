@@ -294,6 +294,11 @@ class EnergyCallback(Callback):
         end = self._meter.wait(self._meter.mark())
         self._event("fit_end", end)
         summaries = distributed.gather(trainer, self._rank_summary(trainer, measure(self._fit_start, end)))
+        sections = {}  # other callbacks' tables (e.g. PrecisionSwitch's per-mode table); collective
+        for callback in trainer.callbacks:
+            section = getattr(callback, "energy_report_section", None)
+            if callback is not self and callable(section):
+                sections.update(section(trainer) or {})
         if not trainer.is_global_zero:
             return
         extra = {
@@ -304,6 +309,7 @@ class EnergyCallback(Callback):
                 "events_file": str(self._trace.events_path) if self._trace else None,
             },
             "notes": self._notes,
+            "sections": sections,
             **{f"resumed_{k}": v for k, v in self._resumed.items() if k != "epochs"},
         }
         self.report = build_report(summaries, self._epochs, extra)

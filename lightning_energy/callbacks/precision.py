@@ -1,0 +1,665 @@
+"""PrecisionSwitch: train in the cheapest numeric precision whose loss keeps up with float32, and guard it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_energy import distributed
+from lightning_energy.io import atomic_write_json
+from lightning_energy.meter import Mark
+from lightning_energy.precision import (
+    MODES,
+    REFERENCE_MODE,
+    SwitchablePrecision,
+    get_mode,
+    unavailable_reason,
+)
+from lightning_energy.precision_probe import reference_loss
+from lightning_energy.precision_report import KEPT_CHECKS, REPORT_FILE, build_precision_report, format_precision_report
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.session import open_meter_session
+
+DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
+OBJECTIVES = ("energy", "time", "edp")
+# window statistics, summed over steps and ranks: finite loss sum, finite losses, non-finite losses,
+# relative loss gap sum, probes
+_LOSS_SUM, _LOSS_N, _NONFINITE, _GAP_SUM, _GAP_N = range(5)
+
+
+class PrecisionSwitch(Callback):
+    """Profile precision modes, train with the cheapest one whose loss stays within ``tolerance`` of float32.
+
+    ``Trainer(callbacks=[EnergyCallback(), PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"])])``
+    needs nothing else: when the Trainer has its default precision the callback installs a
+    :class:`~lightning_energy.precision.SwitchablePrecision` plugin (or uses one given in ``plugins``).
+
+    1. Profiling. The reference ``32-true`` and then each candidate trains ``warmup_steps`` + ``profile_steps``
+       steps. Over the profile steps the shared meter gives energy per step and time per step. On every
+       profiling step of a candidate the callback replays ``training_step`` on the same batch, weights and
+       random numbers in ``32-true`` (under ``torch.no_grad``, logging silenced, buffers and torchmetrics
+       states restored afterwards) and records the relative loss gap ``|loss - reference| / |reference|``.
+    2. Pick. Among the modes with no non-finite step and a mean gap <= ``tolerance``, the cheapest by
+       ``objective`` (energy per step, time per step, or their product) is trained with.
+    3. Guard. Every ``check_every_n_steps`` steps the gap is measured again. The callback falls back to the next
+       safer mode (the order of :data:`~lightning_energy.precision.MODE_NAMES`) on a non-finite gradient
+       (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
+       skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
+       the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` at
+       ``drift_patience`` checks in a row. A rejected mode is not used again in this fit.
+
+    With ``mode="bf16-mixed"`` (any mode, ``64-true`` included) the run stays in that mode: no profiling and
+    no switching, but the gap is still measured and logged at every check, so sweeps can compare modes.
+    Under DDP every rank computes the same statistics (summed over ranks) and rank 0's decision is broadcast,
+    so all ranks switch together; energy per step is summed over ranks, time per step is the slowest rank's.
+
+    Logged metrics:
+
+    - ``precision/mode``: the mode of the training step as a number, at the Trainer's ``log_every_n_steps``:
+      0 = 64-true, 1 = 32-true, 2 = tf32, 3 = bf16-mixed, 4 = 16-mixed (with gradient scaling),
+      5 = 16-mixed-noscale (higher is less precise).
+    - ``precision/<mode>/step_J``, ``precision/<mode>/step_s``, ``precision/<mode>/power_W``,
+      ``precision/<mode>/loss_gap``: each profiled mode's energy per step (J, all ranks), time per step (s),
+      mean power (W) and mean relative loss gap, logged once when profiling ends.
+    - ``precision/loss_gap``: the relative loss gap to ``32-true`` at each check.
+    - ``precision/switches``: the number of mode changes so far, logged at each change.
+    - ``precision/skipped_steps``: optimizer steps skipped for non-finite gradients so far, at each check.
+
+    With a TensorBoard logger each mode change is also a text entry ``precision/mode`` ("step N: a -> b
+    (reason)"). At the end of fit ``precision_report.json`` in the log dir holds a per-mode table (profiled
+    energy and time per step, loss gap, status; steps, energy and time trained in each mode) and every
+    switch with its reason; with ``verbose`` the table is printed.
+
+    Args:
+        candidates: modes to choose from (default ``["32-true", "bf16-mixed", "16-mixed"]``). ``32-true`` is
+            always profiled as the reference and is the last fallback. Modes the device lacks (``tf32`` off
+            CUDA) are dropped with a warning. ``64-true`` cannot be switched to; use ``mode="64-true"``.
+        tolerance: largest accepted relative loss gap to ``32-true`` (> 0).
+        mode: a fixed mode instead of choosing (then leave ``candidates`` unset).
+        warmup_steps: steps per profiled mode before measuring (>= 0).
+        profile_steps: measured steps per profiled mode (>= 1).
+        check_every_n_steps: steps between guard checks after profiling (0: no checks).
+        drift_patience: consecutive checks beyond ``tolerance`` before falling back (>= 1).
+        explode_factor: the loss counts as exploding above this multiple of the lowest window mean (> 1).
+        max_consecutive_skips: with gradient scaling, skipped steps in a row that count as a failure (>= 1).
+        objective: ``"energy"`` (J per step), ``"time"`` (s per step) or ``"edp"`` (their product).
+        probe: replay ``training_step`` in ``32-true`` to measure the loss gap (turn off when
+            ``training_step`` has side effects that must not happen twice; then only non-finite steps and
+            exploding losses are guarded against).
+        sensors, backend, interval_s: as for ``EnergyCallback`` (used only when no EnergyCallback is in the
+            Trainer; otherwise its sensors are shared).
+        verbose: print the per-mode table at the end of fit (rank zero).
+    """
+
+    def __init__(
+        self,
+        candidates: Sequence[str] | None = None,
+        tolerance: float = 0.02,
+        mode: str | None = None,
+        warmup_steps: int = 5,
+        profile_steps: int = 20,
+        check_every_n_steps: int = 50,
+        drift_patience: int = 2,
+        explode_factor: float = 10.0,
+        max_consecutive_skips: int = 10,
+        objective: str = "energy",
+        probe: bool = True,
+        sensors: list[Sensor] | None = None,
+        backend: str = "auto",
+        interval_s: float = DEFAULT_INTERVAL_S,
+        verbose: bool = True,
+    ) -> None:
+        super().__init__()
+        if mode is not None and candidates is not None:
+            raise ValueError("give either `mode` (a fixed mode) or `candidates` (modes to choose from), not both")
+        self.mode = None if mode is None else get_mode(mode, "mode").name
+        if candidates is None:
+            candidates = DEFAULT_CANDIDATES
+        if isinstance(candidates, str) or not isinstance(candidates, Sequence) or not candidates:
+            raise ValueError(f"`candidates` must be a non-empty list of mode names, got {candidates!r}")
+        for name in candidates:
+            if get_mode(name, "candidates").param_dtype != torch.float32:
+                raise ValueError(
+                    f"`candidates` cannot contain {name!r}: changing the parameters' dtype mid-run is not supported; "
+                    f"use PrecisionSwitch(mode={name!r}) to train in it from the start"
+                )
+        if len(set(candidates)) != len(candidates):
+            raise ValueError(f"`candidates` has duplicates: {list(candidates)}")
+        self.candidates = list(candidates)
+        self.tolerance = _positive_float("tolerance", tolerance)
+        self.explode_factor = _positive_float("explode_factor", explode_factor)
+        if self.explode_factor <= 1:
+            raise ValueError(f"`explode_factor` must be > 1, got {explode_factor!r}")
+        self.warmup_steps = _int_at_least("warmup_steps", warmup_steps, 0)
+        self.profile_steps = _int_at_least("profile_steps", profile_steps, 1)
+        self.check_every_n_steps = _int_at_least("check_every_n_steps", check_every_n_steps, 0)
+        self.drift_patience = _int_at_least("drift_patience", drift_patience, 1)
+        self.max_consecutive_skips = _int_at_least("max_consecutive_skips", max_consecutive_skips, 1)
+        if objective not in OBJECTIVES:
+            raise ValueError(f"`objective` must be one of {OBJECTIVES}, got {objective!r}")
+        self.objective = objective
+        for flag, value in (("probe", probe), ("verbose", verbose)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        self.probe = probe
+        self.verbose = verbose
+        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        if backend not in BACKENDS:
+            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.backend = backend
+        self.interval_s = float(interval_s)
+        self.plugin: SwitchablePrecision | None = None
+        self.report: dict | None = None
+        self.report_path: Path | None = None
+        self._session = None
+        self._restored: dict | None = None
+        self._reset_run_state()
+
+    # ---------------------------------------------------------------- state of one fit
+    def _reset_run_state(self) -> None:
+        self.plan: list[str] = [self.mode] if self.mode else []
+        self.phase = "fixed" if self.mode else "profiling"
+        self.current: str | None = self.mode
+        self.chosen: str | None = self.mode
+        self.decision: str | None = "fixed mode" if self.mode else None  # why ``chosen`` was chosen
+        self.profiles: dict[str, dict] = {}  # merged over ranks once profiling ends: the per-mode table
+        self.rejected: dict[str, str] = {}  # mode -> reason
+        self.switches: list[dict] = []
+        self.checks: list[dict] = []  # the latest KEPT_CHECKS guard checks
+        self.checks_total = 0
+        self._local_profiles: dict[str, dict] = {}
+        self._profile_index = 0
+        self._steps_in_mode = 0
+        self._best_loss = math.inf
+        self._drift_strikes = 0
+        self._since_check = 0
+        self._window: _LossWindow | None = None
+        self._batch_mode: str | None = None
+        self._batch_start: Mark | None = None
+        self._ref_loss: torch.Tensor | None = None
+        self._skips_before = 0
+        self._warned: set[str] = set()
+        self._estimated = False
+        self._report_built = False
+
+    # ---------------------------------------------------------------- set-up and tear-down
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if sum(isinstance(c, PrecisionSwitch) for c in trainer.callbacks) > 1:
+            raise ValueError("a Trainer can hold only one PrecisionSwitch callback")
+        plugin = self._install_plugin(trainer)
+        device_type = trainer.strategy.root_device.type
+        plugin.device_type = device_type
+        if self.mode is not None:
+            if reason := unavailable_reason(MODES[self.mode], device_type):
+                raise ValueError(f"PrecisionSwitch(mode={self.mode!r}) cannot run on {device_type!r}: {reason}")
+            plugin.request_mode(self.mode)
+        if stage != "fit" or self._session is not None:
+            return
+        self._reset_run_state()
+        if self.mode is None:
+            self.plan = self._available_plan(device_type)
+            plugin.request_mode(REFERENCE_MODE)  # the model is set up (and checked) in float32
+        self._probe_enabled = self.probe and pl_module.automatic_optimization and self.mode != "64-true"
+        if self.probe and not pl_module.automatic_optimization:
+            rank_zero_warn("PrecisionSwitch: manual optimization, so the loss gap is not measured (probe off); "
+                           "only non-finite steps and exploding losses are guarded against.")
+        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
+        self._meter = self._session.meter
+        self._estimated = any(getattr(s, "estimated", False) for s in self._session.sensors)
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+
+    def _install_plugin(self, trainer: Trainer) -> SwitchablePrecision:
+        current = trainer.strategy.precision_plugin
+        if isinstance(current, SwitchablePrecision):
+            self.plugin = current
+        elif type(current) is Precision:
+            self.plugin = SwitchablePrecision()
+            trainer.strategy.precision_plugin = self.plugin
+        else:
+            raise ValueError(
+                f"PrecisionSwitch sets the precision itself, but the Trainer was built with precision="
+                f"{trainer.precision!r} ({type(current).__name__}); remove Trainer(precision=...) or pass "
+                "plugins=[SwitchablePrecision()] (single-device and DDP strategies; FSDP, DeepSpeed and XLA bring "
+                "precision plugins of their own)"
+            )
+        return self.plugin
+
+    def _available_plan(self, device_type: str) -> list[str]:
+        plan = [REFERENCE_MODE]
+        for name in self.candidates:
+            if name == REFERENCE_MODE:
+                continue
+            if reason := unavailable_reason(MODES[name], device_type):
+                rank_zero_warn(f"PrecisionSwitch: candidate {name!r} dropped: {reason}")
+                self.rejected[name] = f"unavailable: {reason}"
+                continue
+            plan.append(name)
+        return plan
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.close()
+
+    # ---------------------------------------------------------------- training
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._restored:
+            self._apply_restored(self._restored)
+            self._restored = None
+        if self.phase == "profiling":
+            self._steps_in_mode = 0
+            self._request(self.plan[self._profile_index])
+        elif self.current is not None:
+            self._request(self.current)
+        self._skips_before = self.plugin.skipped_steps
+        self._window = _LossWindow(trainer.strategy.root_device)
+        self._log_every = max(int(trainer.log_every_n_steps), 0)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._meter.clock.reanchor()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batch_mode = self.plugin.mode_name
+        self._ref_loss = None
+        if self._probe_enabled and self._probe_due():
+            self._ref_loss = reference_loss(trainer, pl_module, self.plugin, batch, batch_idx)
+        self._skips_before = self.plugin.skipped_steps
+        self._batch_start = self._meter.mark()  # after the probe: profiled windows exclude it
+
+    def _probe_due(self) -> bool:
+        if self._batch_mode == REFERENCE_MODE:
+            return False
+        if self.phase == "profiling":
+            return self._batch_mode == self.plan[self._profile_index]
+        return self.check_every_n_steps > 0 and self._since_check == self.check_every_n_steps - 1
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
+                           batch_idx: int) -> None:
+        meter = self._meter
+        end = meter.mark()
+        mode = self._batch_mode
+        meter.add_window(self._batch_start, end, tag=("fit", mode))
+        self._accumulate(trainer, outputs)
+        step = _log_step(trainer)
+        if self._log_every and (step + 1) % self._log_every == 0:
+            self._log(trainer, {"precision/mode": float(MODES[mode].code)})
+        failure = self._step_failure(mode)
+        if self.phase == "profiling":
+            self._profiling_step(trainer, mode, end, failure)
+        elif self.phase == "guarding" and failure is not None:
+            self._fall_back(trainer, mode, failure)
+        else:
+            if failure is not None and self.phase == "fixed":
+                self._warn_once(f"fixed:{failure[:20]}", f"PrecisionSwitch(mode={mode!r}): {failure}")
+            self._since_check += 1
+            if self.check_every_n_steps and self._since_check >= self.check_every_n_steps:
+                self._check(trainer)
+
+    def _accumulate(self, trainer: Trainer, outputs) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach() * trainer.accumulate_grad_batches  # undo Lightning's division
+            self._window.add(loss, self._ref_loss)
+
+    def _step_failure(self, mode: str) -> str | None:
+        """A non-finite step in ``mode`` (the same on every rank: gradients are all-reduced)."""
+        plugin = self.plugin
+        if plugin.skipped_steps <= self._skips_before:
+            return None
+        if MODES[mode].grad_scaling:
+            if plugin.consecutive_skips >= self.max_consecutive_skips:
+                return f"gradient scaler skipped {plugin.consecutive_skips} steps in a row (non-finite gradients)"
+            return None
+        return "non-finite gradients (optimizer step skipped)"
+
+    # ---------------------------------------------------------------- profiling
+    def _profiling_step(self, trainer: Trainer, mode: str, end: Mark, failure: str | None) -> None:
+        target = self.plan[self._profile_index]
+        if mode != target:  # a deferred switch (gradient accumulation) has not happened yet
+            return
+        self._steps_in_mode += 1
+        if self._steps_in_mode > self.warmup_steps:
+            self._meter.add_window(self._batch_start, end, tag=("profile", target))
+        done = self._steps_in_mode >= self.warmup_steps + self.profile_steps
+        if failure is None and not done:
+            return
+        self._local_profiles[target] = self._finish_local_profile(target, failure)
+        self._profile_index += 1
+        self._steps_in_mode = 0
+        if self._profile_index < len(self.plan):
+            self._switch(trainer, self.plan[self._profile_index],
+                         f"profiling {self._profile_index + 1}/{len(self.plan)}")
+        else:
+            self._decide(trainer)
+
+    def _finish_local_profile(self, mode: str, failure: str | None) -> dict:
+        meter = self._meter
+        meter.wait(meter.mark())  # every window queued so far is resolved
+        totals = meter.totals.pop(("profile", mode), None)
+        stats = self._window.take().tolist()
+        return {
+            "steps": totals.count if totals else 0,
+            "energy_J": totals.total_J if totals else 0.0,
+            "seconds": totals.duration_s if totals else 0.0,
+            "stats": stats,
+            "failure": failure,
+        }
+
+    def _decide(self, trainer: Trainer) -> None:
+        gathered = distributed.gather(trainer, self._local_profiles)
+        decision = None
+        if trainer.is_global_zero:
+            profiles = merge_profiles(gathered, self.plan)
+            chosen, reason = pick_mode(profiles, self.tolerance, self.objective)
+            decision = {"profiles": profiles, "chosen": chosen, "reason": reason}
+        decision = trainer.strategy.broadcast(decision, src=0)
+        self.profiles = decision["profiles"]
+        for name, row in self.profiles.items():
+            if row["status"].startswith("rejected"):
+                self.rejected[name] = row["status"]
+        means = [row["mean_loss"] for row in self.profiles.values() if row["mean_loss"] is not None]
+        self._best_loss = min(means, default=math.inf)
+        self.phase = "guarding"
+        self.chosen, self.decision = decision["chosen"], decision["reason"]
+        self._since_check = 0
+        metrics = {}
+        for name, row in self.profiles.items():
+            for key, metric in (("step_J", "step_J"), ("step_s", "step_s"), ("power_W", "power_W"),
+                                ("loss_gap", "loss_gap")):
+                if row[key] is not None:
+                    metrics[f"precision/{name}/{metric}"] = row[key]
+        self._log(trainer, metrics)
+        self._switch(trainer, self.chosen, decision["reason"])
+
+    # ---------------------------------------------------------------- guarding
+    def _check(self, trainer: Trainer) -> None:
+        self._since_check = 0
+        stats = trainer.strategy.reduce(self._window.take(), reduce_op="sum").tolist()
+        gap = stats[_GAP_SUM] / stats[_GAP_N] if stats[_GAP_N] else None
+        mean_loss = stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None
+        metrics = {"precision/skipped_steps": float(self.plugin.skipped_steps)}
+        if gap is not None:
+            metrics["precision/loss_gap"] = gap
+        self._log(trainer, metrics)
+        step = trainer.global_step
+        self.checks.append({"step": step, "mode": self.current, "loss_gap": gap, "mean_loss": mean_loss})
+        self.checks_total += 1
+        if len(self.checks) > KEPT_CHECKS:
+            del self.checks[0]
+        if self.phase != "guarding":
+            return
+        verdict = None
+        if trainer.is_global_zero:
+            verdict = self._guard_verdict(mean_loss, gap, stats[_NONFINITE])
+        verdict = trainer.strategy.broadcast(verdict, src=0)
+        if mean_loss is not None and mean_loss > 0 and verdict is None:
+            self._best_loss = min(self._best_loss, mean_loss)
+        if verdict is not None:
+            self._fall_back(trainer, self.current, verdict)
+
+    def _guard_verdict(self, mean_loss: float | None, gap: float | None, nonfinite: float) -> str | None:
+        if nonfinite and MODES[self.current].reduced:
+            return f"non-finite loss in {int(nonfinite)} steps since the last check"
+        best = self._best_loss
+        if mean_loss is not None and 0 < best < math.inf and mean_loss > self.explode_factor * best:
+            return (f"exploding loss: window mean {mean_loss:.4g} > {self.explode_factor:g} x lowest "
+                    f"{self._best_loss:.4g}")
+        if gap is None:
+            return None
+        if gap > self.tolerance:
+            self._drift_strikes += 1
+            if self._drift_strikes >= self.drift_patience:
+                return (f"loss gap {gap:.4g} > tolerance {self.tolerance:g} at {self._drift_strikes} "
+                        "checks in a row")
+        else:
+            self._drift_strikes = 0
+        return None
+
+    def _fall_back(self, trainer: Trainer, mode: str, reason: str) -> None:
+        target = self._safer_mode(mode)
+        if target is None:
+            self._warn_once(f"nothing-safer:{mode}", f"PrecisionSwitch: {reason} in {mode!r}, and no safer mode is "
+                                                      "left to fall back to; training goes on in it")
+            return
+        self.rejected[mode] = f"fell back: {reason}"
+        if mode in self.profiles:
+            self.profiles[mode]["status"] = f"fell back at step {trainer.global_step}: {reason}"
+        self._drift_strikes = 0
+        self._since_check = 0
+        self._window.take()
+        self._switch(trainer, target, f"fallback: {reason}")
+
+    def _safer_mode(self, mode: str) -> str | None:
+        code = MODES[mode].code
+        safer = [m for m in self.plan if MODES[m].code < code and m not in self.rejected]
+        return max(safer, key=lambda m: MODES[m].code) if safer else None
+
+    # ---------------------------------------------------------------- switching and logging
+    def _request(self, mode: str) -> None:
+        self.plugin.request_mode(mode)
+
+    def _switch(self, trainer: Trainer, mode: str, reason: str) -> None:
+        previous = self.plugin.mode_name
+        self.current = mode
+        self._request(mode)
+        if previous == mode:
+            return
+        event = {"step": trainer.global_step, "epoch": trainer.current_epoch, "from": previous, "to": mode,
+                 "reason": reason}
+        self.switches.append(event)
+        self._log(trainer, {"precision/switches": float(len(self.switches))})
+        text = f"step {event['step']}: {previous} -> {mode} ({reason})"
+        rank_zero_info(f"PrecisionSwitch: {text}")
+        if trainer.is_global_zero:
+            from lightning.pytorch.loggers import TensorBoardLogger
+
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    logger.experiment.add_text("precision/mode", text, global_step=_log_step(trainer))
+
+    def _log(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        if trainer.is_global_zero and metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=_log_step(trainer))
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
+
+    # ---------------------------------------------------------------- report
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._build_report(trainer):
+            return
+        self.report_path = atomic_write_json(self._log_dir / REPORT_FILE, self.report)
+        if self.verbose:
+            print(format_precision_report(self.report) + f"\nreport: {self.report_path}", flush=True)
+        else:
+            rank_zero_info(f"PrecisionSwitch: report written to {self.report_path}")
+
+    def energy_report_section(self, trainer: Trainer) -> dict:
+        """The per-mode table for EnergyCallback's ``energy_report.json`` (called on every rank)."""
+        return {"precision": self.report} if self._build_report(trainer) else {}
+
+    def _build_report(self, trainer: Trainer) -> bool:
+        """Build ``self.report`` once per fit (collective: every rank calls it); True on rank zero."""
+        if not self._report_built:
+            self._report_built = True
+            meter = self._meter
+            meter.wait(meter.mark())
+            local = {tag[1]: {"steps": t.count, "energy_J": t.total_J, "seconds": t.duration_s}
+                     for tag, t in meter.totals.items() if isinstance(tag, tuple) and tag[0] == "fit"}
+            gathered = distributed.gather(trainer, local)
+            if trainer.is_global_zero:
+                self.report = build_precision_report(
+                    fixed_mode=self.mode, plan=self.plan, tolerance=self.tolerance, objective=self.objective,
+                    chosen=self.chosen, decision=self.decision, final_mode=self.plugin.mode_name, phase=self.phase,
+                    profiles=self.profiles, rejected=self.rejected, trained_per_rank=gathered,
+                    switches=self.switches, checks=self.checks, checks_total=self.checks_total,
+                    skipped_steps=self.plugin.skipped_steps, estimated=self._estimated,
+                )
+        return trainer.is_global_zero
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        if self._window is None:
+            return dict(self._restored or {})
+        return {
+            "plan": list(self.plan), "phase": self.phase, "current": self.current, "chosen": self.chosen,
+            "decision": self.decision, "profiles": self.profiles, "rejected": dict(self.rejected),
+            "switches": list(self.switches),
+            "local_profiles": dict(self._local_profiles), "profile_index": self._profile_index,
+            "best_loss": self._best_loss, "checks": list(self.checks), "checks_total": self.checks_total,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+
+    def _apply_restored(self, state: dict[str, Any]) -> None:
+        if self.mode is not None or state.get("phase") == "fixed":
+            if state.get("current") not in (None, self.mode):
+                raise ValueError(f"the checkpoint was trained in fixed mode {state.get('current')!r}, this "
+                                 f"PrecisionSwitch is fixed to {self.mode!r}")
+            self.switches = list(state.get("switches", []))
+            self.checks, self.checks_total = list(state.get("checks", [])), int(state.get("checks_total", 0))
+            return
+        if list(state.get("plan", [])) != self.plan:
+            raise ValueError(f"the checkpoint profiled modes {state.get('plan')}, this PrecisionSwitch would "
+                             f"profile {self.plan}; resume with the same candidates")
+        self.phase = state["phase"]
+        self.current, self.chosen, self.decision = state["current"], state["chosen"], state.get("decision")
+        self.profiles, self.rejected = dict(state["profiles"]), dict(state["rejected"])
+        self.switches, self.checks = list(state["switches"]), list(state.get("checks", []))
+        self.checks_total = int(state.get("checks_total", len(self.checks)))
+        self._local_profiles, self._profile_index = dict(state["local_profiles"]), int(state["profile_index"])
+        self._best_loss = float(state["best_loss"])
+
+
+class _LossWindow:
+    """Training losses (and probe gaps) since the last check, kept on the device: no synchronisation per step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.losses: list[torch.Tensor] = []
+        self.gaps: list[torch.Tensor] = []
+
+    def add(self, loss: torch.Tensor, reference: torch.Tensor | None) -> None:
+        self.losses.append(loss)
+        if reference is not None:  # |loss - reference| / |reference|, NaN when the loss is not finite
+            self.gaps.append((loss.double() - reference.double()).abs() / reference.double().abs().clamp_min(1e-30))
+
+    def take(self) -> torch.Tensor:
+        """The window's statistics (sum of finite losses, finite losses, non-finite losses, sum of finite
+        gaps, finite gaps) as a float64 tensor on the device, and a fresh window."""
+        stats = torch.zeros(5, dtype=torch.float64, device=self.device)
+        if self.losses:
+            losses = torch.stack(self.losses).double()
+            finite = torch.isfinite(losses)
+            stats[_LOSS_SUM] = losses[finite].sum()
+            stats[_LOSS_N] = finite.sum()
+            stats[_NONFINITE] = (~finite).sum()
+        if self.gaps:
+            gaps = torch.stack(self.gaps)
+            finite = torch.isfinite(gaps)
+            stats[_GAP_SUM] = gaps[finite].sum()
+            stats[_GAP_N] = finite.sum()
+        self.losses, self.gaps = [], []
+        return stats
+
+
+def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str, dict]:
+    """One row per profiled mode from every rank's local profile: J per step summed over ranks, s per step
+    of the slowest rank, loss statistics summed."""
+    rows: dict[str, dict] = {}
+    for name in plan:
+        parts = [p[name] for p in per_rank if name in p]
+        if not parts:
+            continue
+        stats = [sum(p["stats"][i] for p in parts) for i in range(5)]
+        measured = [p for p in parts if p["steps"] > 0]
+        step_J = sum(p["energy_J"] / p["steps"] for p in measured) if measured else None
+        step_s = max(p["seconds"] / p["steps"] for p in measured) if measured else None
+        failure = next((p["failure"] for p in parts if p["failure"]), None)
+        rows[name] = {
+            "mode": name,
+            "code": MODES[name].code,
+            "steps": max((p["steps"] for p in parts), default=0),
+            "step_J": step_J,
+            "step_s": step_s,
+            "power_W": step_J / step_s if step_J is not None and step_s else None,
+            "loss_gap": stats[_GAP_SUM] / stats[_GAP_N] if stats[_GAP_N] else None,
+            "mean_loss": stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None,
+            "nonfinite_losses": int(stats[_NONFINITE]),
+            "failure": failure,
+            "status": "",
+        }
+    return rows
+
+
+def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str) -> tuple[str, str]:
+    """The cheapest eligible mode by ``objective`` and why; fills each row's ``status``."""
+    eligible = {}
+    for name, row in profiles.items():
+        if row["failure"]:
+            row["status"] = f"rejected: {row['failure']}"
+        elif row["nonfinite_losses"] and MODES[name].reduced:
+            row["status"] = f"rejected: {row['nonfinite_losses']} non-finite losses"
+        elif name != REFERENCE_MODE and row["loss_gap"] is not None and row["loss_gap"] > tolerance:
+            row["status"] = f"rejected: loss gap {row['loss_gap']:.4g} > tolerance {tolerance:g}"
+        else:
+            eligible[name] = row
+    key = {"energy": "step_J", "time": "step_s"}.get(objective)
+    if objective == "energy" and not any(row["step_J"] for row in eligible.values()):
+        key, objective = "step_s", "time (no energy was measured)"
+
+    def cost(row: dict) -> float:
+        if key is None:
+            return (row["step_J"] or math.inf) * (row["step_s"] or math.inf)
+        value = row[key]
+        return value if value is not None else math.inf
+
+    chosen = min(eligible, key=lambda n: (cost(eligible[n]), MODES[n].code)) if eligible else REFERENCE_MODE
+    for name, row in eligible.items():
+        row["status"] = "chosen" if name == chosen else "eligible"
+    reference = profiles.get(REFERENCE_MODE)
+    reason = f"profiled: cheapest by {objective} within tolerance {tolerance:g}"
+    if chosen in profiles and reference is not None and chosen != REFERENCE_MODE:
+        c, r = cost(profiles[chosen]), cost(reference)
+        if math.isfinite(c) and math.isfinite(r) and r > 0:
+            reason += f" ({c / r:.3g} x the cost of {REFERENCE_MODE})"
+    return chosen, reason
+
+
+def _log_step(trainer: Trainer) -> int:
+    return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
+
+
+def _positive_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _int_at_least(name: str, value: Any, lowest: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+        raise ValueError(f"`{name}` must be an integer >= {lowest}, got {value!r}")
+    return value
+
+
+__all__ = ["PrecisionSwitch", "merge_profiles", "pick_mode"]

@@ -1,0 +1,96 @@
+"""Helpers for the precision tests and the DDP script: a simulated per-mode cost model and fault injection."""
+
+from __future__ import annotations
+
+import time
+
+import lightning as L
+import torch
+from torch import nn
+
+from conftest import TinyRegressor
+from lightning_energy.sensors.base import Sensor
+
+SAMPLER_INTERVAL_S = 0.002
+STEP_SLEEP_S = 0.01  # each training step sleeps this long, so steps take about the same time in every mode
+PAUSE_S = 0.1  # >> the sampler interval: a simulated power change lies well away from any window edge
+
+
+class ModePowerSensor(Sensor):
+    """Power that depends on the precision mode in use: a simulated cost model (W per mode)."""
+
+    def __init__(self, watts_by_mode: dict[str, float], name: str = "device") -> None:
+        super().__init__(name, scope="device", source="simulated per-mode power")
+        self.watts_by_mode = dict(watts_by_mode)
+        self.mode = "32-true"
+
+    def power_w(self) -> float:
+        return self.watts_by_mode[self.mode]
+
+
+class FollowMode(L.Callback):
+    """Moves the sensor to the plugin's mode at the end of a training step, ``pause_s`` away from the step.
+
+    Put it after ``PrecisionSwitch`` in the callback list: when the mode has changed it sleeps ``pause_s``,
+    changes the simulated power and sleeps ``pause_s`` again, so the change lies far (in sampler intervals)
+    from the end mark of the last step of the old mode and from the start mark of the first step of the new
+    one. Each measured window then sees constant power and the expected energies are exact.
+    """
+
+    def __init__(self, sensor: ModePowerSensor, pause_s: float = PAUSE_S) -> None:
+        self.sensor = sensor
+        self.pause_s = pause_s
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        mode = trainer.precision_plugin.mode_name
+        if mode != self.sensor.mode:
+            time.sleep(self.pause_s)
+            self.sensor.mode = mode
+            time.sleep(self.pause_s)
+
+
+class FaultyRegressor(TinyRegressor):
+    """TinyRegressor whose steps sleep ``STEP_SLEEP_S`` and can misbehave from a given step on.
+
+    ``fault`` applies only while autocast is on (reduced precision), never in the float32 replay of the
+    probe, from global step ``fault_step`` (for ``fault_steps`` steps, None: for ever):
+    ``"nan"`` / ``"inf"`` make the loss NaN / infinite, ``"drift"`` multiplies it by 1.1 (a 10 % loss gap), ``"offset"`` adds 100
+    (an exploding loss with unchanged gradients). ``ranks``: the ranks that misbehave (None: all).
+    """
+
+    def __init__(self, fault: str | None = None, fault_step: int = 0, fault_steps: int | None = None,
+                 ranks: tuple[int, ...] | None = None, sleep_s: float = STEP_SLEEP_S) -> None:
+        super().__init__()
+        self.fault, self.fault_step, self.fault_steps, self.ranks = fault, fault_step, fault_steps, ranks
+        self.sleep_s = sleep_s
+        self.losses: list[float] = []
+        self.param_dtypes: set[torch.dtype] = set()
+
+    def _faulty(self) -> bool:
+        if self.fault is None or not torch.is_autocast_enabled(self.device.type):
+            return False
+        if self.ranks is not None and self.global_rank not in self.ranks:
+            return False
+        step = self.global_step
+        return step >= self.fault_step and (self.fault_steps is None or step < self.fault_step + self.fault_steps)
+
+    def training_step(self, batch, batch_idx):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        if self._faulty():
+            if self.fault in ("nan", "inf"):
+                loss = loss * torch.tensor(float(self.fault))
+            elif self.fault == "drift":
+                loss = loss * 1.1
+            elif self.fault == "offset":
+                loss = loss + 100.0
+            else:
+                raise ValueError(f"unknown fault {self.fault!r}")
+        self.log("train/loss", loss)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+        self.param_dtypes.update(p.dtype for p in self.parameters())

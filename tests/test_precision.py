@@ -1,0 +1,515 @@
+"""SwitchablePrecision and PrecisionSwitch in real Lightning fits on CPU, with a simulated per-mode cost model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from torch import nn
+
+from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from lightning_energy import get_sampler
+from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode
+from lightning_energy.precision import MODE_LEGEND, MODE_NAMES, MODES, SwitchablePrecision, unavailable_reason
+from lightning_energy.precision_probe import _silenced_logging, reference_loss
+from precision_helpers import SAMPLER_INTERVAL_S, FaultyRegressor, FollowMode, ModePowerSensor
+
+HERE = Path(__file__).resolve().parent
+CHEAP_W, DEAR_W = 1.0, 1000.0
+
+
+def cost_model(cheapest: str, pause_s: float = 0.05):
+    """A sensor that reads CHEAP_W in ``cheapest`` and DEAR_W in every other mode, and its follower."""
+    sensor = ModePowerSensor({name: CHEAP_W if name == cheapest else DEAR_W for name in MODE_NAMES})
+    return sensor, FollowMode(sensor, pause_s)
+
+
+def switch(sensor=None, **kwargs) -> PrecisionSwitch:
+    kwargs.setdefault("warmup_steps", 2)
+    kwargs.setdefault("profile_steps", 3)
+    kwargs.setdefault("check_every_n_steps", 2)
+    kwargs.setdefault("verbose", False)
+    return PrecisionSwitch(sensors=[sensor] if sensor is not None else None, interval_s=SAMPLER_INTERVAL_S, **kwargs)
+
+
+def fit(tmp_path, model, callbacks, plugins=None, train_rows=160, ckpt_path=None, **overrides):
+    overrides.setdefault("logger", CSVLogger(str(tmp_path), name="csv"))
+    trainer = L.Trainer(callbacks=callbacks, plugins=plugins, **trainer_kwargs(tmp_path, **overrides))
+    trainer.fit(model, tiny_loader(n=train_rows), tiny_loader(n=32), ckpt_path=ckpt_path)
+    return trainer
+
+
+class AdamRegressor(FaultyRegressor):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.02)
+
+
+# ---------------------------------------------------------------------------------------------- modes
+def test_every_mode_has_a_documented_code():
+    assert [MODES[n].code for n in MODE_NAMES] == list(range(len(MODE_NAMES)))
+    doc = " ".join(PrecisionSwitch.__doc__.split())
+    for name in MODE_NAMES:
+        assert f"{MODES[name].code} = {name}" in MODE_LEGEND
+        assert f"{MODES[name].code} = {name}" in doc, f"legend entry of {name} missing from the docstring"
+
+
+class DriveModes(L.Callback):
+    """Requests the next mode of ``order`` after every training step and records what each step ran in."""
+
+    def __init__(self, order):
+        self.order = order
+        self.modes, self.pending = [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.modes.append(trainer.precision_plugin.mode_name)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        plugin = trainer.precision_plugin
+        state = [t for s in trainer.optimizers[0].state.values() for t in s.values() if t.is_floating_point()]
+        assert {t.dtype for t in state} <= {torch.float32}, "optimizer state changed dtype"
+        plugin.request_mode(self.order[len(self.modes) % len(self.order)])
+        self.pending.append(plugin.pending_mode)
+
+
+def test_switching_every_step_keeps_training_correct(tmp_path):
+    order = ["32-true", "bf16-mixed", "16-mixed", "16-mixed-noscale"]
+    driver = DriveModes(order)
+    model = AdamRegressor(sleep_s=0.0)
+    trainer = fit(tmp_path, model, [driver], plugins=[SwitchablePrecision()], max_epochs=4, logger=False)
+    assert set(driver.modes) == set(order)
+    assert driver.modes[:5] == ["32-true", "bf16-mixed", "16-mixed", "16-mixed-noscale", "32-true"]
+    assert model.param_dtypes == {torch.float32}  # the master dtype never changes
+    losses = model.losses
+    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-10:]) < 0.3 * sum(losses[:10])  # still learns while the mode changes every step
+    plugin = trainer.precision_plugin
+    assert plugin.scaler is None or plugin.mode_name == "16-mixed"
+    assert plugin._scaler is not None and plugin._scaler.get_scale() > 0  # created lazily, kept while unused
+    assert all(p is None for p in driver.pending)  # no accumulation: every switch applies at once
+
+
+def test_a_switch_waits_for_the_optimizer_step_of_accumulated_gradients(tmp_path):
+    class SwitchMidAccumulation(DriveModes):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 0:
+                assert trainer.precision_plugin.request_mode("16-mixed") is False  # gradients are pending
+                self.pending.append(trainer.precision_plugin.pending_mode)
+
+    driver = SwitchMidAccumulation([])
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [driver], plugins=[SwitchablePrecision()], max_epochs=1,
+                  accumulate_grad_batches=2, logger=False)
+    assert driver.pending == ["16-mixed"]
+    assert driver.modes[:3] == ["32-true", "32-true", "16-mixed"]  # batch 1 completes the accumulation in fp32
+    assert trainer.precision_plugin.mode_name == "16-mixed"
+
+
+def test_64_true_is_a_fixed_mode(tmp_path):
+    with pytest.raises(ValueError, match="cannot contain '64-true'.*PrecisionSwitch\\(mode='64-true'\\)"):
+        PrecisionSwitch(candidates=["32-true", "64-true"])
+
+    errors = []
+
+    class TrySwitching(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            try:
+                trainer.precision_plugin.request_mode("bf16-mixed")
+            except ValueError as err:
+                errors.append(str(err))
+
+    model = FaultyRegressor(sleep_s=0.0)
+    callback = switch(mode="64-true")
+    trainer = fit(tmp_path, model, [callback, TrySwitching()], max_epochs=1)
+    assert model.param_dtypes == {torch.float64}
+    assert trainer.precision == "64-true" and trainer.precision_plugin.mode_name == "64-true"
+    assert errors and "switching to or from '64-true' is only possible before training starts" in errors[0]
+    assert callback.report["modes"][0]["mode"] == "64-true" and callback.report["switches"] == []
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_scaler_state_is_saved_and_restored_in_checkpoints(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    model = FaultyRegressor(fault="nan", fault_step=4, fault_steps=1, sleep_s=0.0)  # one overflow: scale backs off
+    first = switch(mode="16-mixed")
+    trainer = fit(tmp_path, model, [first, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)], max_epochs=2,
+                  enable_checkpointing=True)
+    plugin = trainer.precision_plugin
+    saved_scale = plugin.scaler.get_scale()
+    assert saved_scale < 65536.0 and plugin.skipped_steps >= 1
+    checkpoint = torch.load(ckpt_dir / "last.ckpt", weights_only=False)
+    state = checkpoint["SwitchablePrecision"]
+    assert state["mode"] == "16-mixed" and state["scaler"]["scale"] == saved_scale
+    assert state["skipped_steps"] == plugin.skipped_steps
+
+    seen = {}
+
+    class ReadScale(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["scale"] = trainer.precision_plugin.scaler.get_scale()
+            seen["skipped"] = trainer.precision_plugin.skipped_steps
+
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0),
+                  [switch(mode="16-mixed"), ReadScale(), ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+                  max_epochs=3, enable_checkpointing=True, ckpt_path=ckpt_dir / "last.ckpt")
+    assert seen == {"scale": saved_scale, "skipped": state["skipped_steps"]}
+
+
+# ---------------------------------------------------------------------------------------------- profile, pick
+@pytest.mark.parametrize("watts, expected", [
+    ({"32-true": 300.0, "bf16-mixed": 40.0, "16-mixed": 120.0}, "bf16-mixed"),
+    ({"32-true": 300.0, "bf16-mixed": 200.0, "16-mixed": 25.0}, "16-mixed"),
+])
+def test_profile_then_pick_follows_the_simulated_cost_model(tmp_path, watts, expected, capsys):
+    sensor = ModePowerSensor(watts)
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed", "16-mixed"], tolerance=0.5, warmup_steps=1,
+                      profile_steps=4, verbose=True)
+    trainer = fit(tmp_path, FaultyRegressor(), [callback, FollowMode(sensor)], max_epochs=2)
+    profiles = callback.profiles
+    assert list(profiles) == ["32-true", "bf16-mixed", "16-mixed"]
+    for name, row in profiles.items():
+        assert row["steps"] == 4
+        assert row["power_W"] == pytest.approx(watts[name], rel=1e-9)  # the windows see only their own mode
+        assert row["step_J"] == pytest.approx(watts[name] * row["step_s"], rel=1e-9)
+    assert callback.chosen == expected == min(profiles, key=lambda n: profiles[n]["step_J"])
+    assert trainer.precision_plugin.mode_name == expected
+    assert profiles[expected]["status"] == "chosen" and profiles["32-true"]["loss_gap"] is None
+    assert 0 < profiles["bf16-mixed"]["loss_gap"] < 0.5
+    report = json.loads(callback.report_path.read_text())
+    assert callback.report_path == Path(trainer.log_dir) / "precision_report.json"
+    rows = {row["mode"]: row for row in report["modes"]}
+    assert rows[expected]["status"] == "chosen" and report["chosen"] == expected
+    assert rows["32-true"]["trained_steps"] == 1 + 4
+    assert sum(row["trained_steps"] for row in rows.values()) == trainer.global_step
+    assert rows[expected]["trained_J"] > 0 and report["energy_estimated"] is False
+    assert [e["reason"].split(" ")[0] for e in report["switches"]][:2] == ["profiling", "profiling"]
+    printed = capsys.readouterr().out
+    assert f"chosen {expected}" in printed and "loss gap" in printed
+
+
+def test_tolerance_rejects_a_cheap_mode_whose_loss_differs(tmp_path):
+    sensor, follow = cost_model("bf16-mixed")
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=1e-7)
+    fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1)
+    assert callback.chosen == "32-true"
+    assert callback.profiles["bf16-mixed"]["status"].startswith("rejected: loss gap")
+    assert callback.profiles["bf16-mixed"]["step_J"] < callback.profiles["32-true"]["step_J"]
+
+
+def test_pick_mode_uses_the_objective_and_prefers_safer_on_ties():
+    def row(step_J, step_s, gap=0.0):
+        return {"step_J": step_J, "step_s": step_s, "loss_gap": gap, "failure": None, "nonfinite_losses": 0,
+                "status": ""}
+
+    profiles = {"32-true": row(4.0, 1.0, None), "bf16-mixed": row(2.0, 3.0), "16-mixed": row(3.0, 1.0, 0.05)}
+    assert pick_mode(profiles, 0.1, "energy")[0] == "bf16-mixed"
+    assert pick_mode(profiles, 0.1, "time")[0] == "32-true"  # a tie with 16-mixed: the safer mode wins
+    assert pick_mode(profiles, 0.1, "edp")[0] == "16-mixed"
+    assert pick_mode(profiles, 0.01, "edp")[0] == "32-true"  # 16-mixed's gap 0.05 is beyond tolerance
+    assert profiles["16-mixed"]["status"].startswith("rejected: loss gap")
+    tie = {"32-true": row(1.0, 1.0, None), "bf16-mixed": row(1.0, 1.0)}
+    assert pick_mode(tie, 0.1, "energy")[0] == "32-true"
+
+
+# ---------------------------------------------------------------------------------------------- guard
+@pytest.mark.parametrize("fault", ["nan", "inf"])
+def test_guard_falls_back_to_the_next_safer_mode_on_nan_or_inf(tmp_path, fault):
+    sensor, follow = cost_model("16-mixed-noscale")
+    model = FaultyRegressor(fault=fault, fault_step=17, fault_steps=1, sleep_s=0.0)
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed", "16-mixed-noscale"], tolerance=0.5)
+    trainer = fit(tmp_path, model, [callback, follow], max_epochs=3)
+    assert callback.chosen == "16-mixed-noscale"
+    fallback = callback.switches[-1]
+    assert (fallback["from"], fallback["to"], fallback["step"]) == ("16-mixed-noscale", "bf16-mixed", 18)
+    assert fallback["reason"] == "fallback: non-finite gradients (optimizer step skipped)"
+    assert trainer.precision_plugin.mode_name == "bf16-mixed"
+    assert trainer.precision_plugin.skipped_steps == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN step never reached the weights
+    finite = [v for v in model.losses if math.isfinite(v)]
+    assert len(finite) == len(model.losses) - 1 and finite[-1] < 0.5 * finite[0]
+    assert callback.report["modes"][-1]["status"].startswith("fell back at step 18")
+
+
+def test_nan_while_profiling_rejects_the_candidate(tmp_path):
+    sensor, follow = cost_model("bf16-mixed")
+    model = FaultyRegressor(fault="nan", sleep_s=0.0)  # bf16 always NaN
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.5)
+    trainer = fit(tmp_path, model, [callback, follow], max_epochs=1)
+    assert callback.chosen == "32-true" and trainer.precision_plugin.mode_name == "32-true"
+    status = callback.profiles["bf16-mixed"]["status"]
+    assert status == "rejected: non-finite gradients (optimizer step skipped)"
+    assert callback.profiles["bf16-mixed"]["steps"] == 0  # abandoned at its first (warm-up) step
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_guard_falls_back_on_loss_drift(tmp_path):
+    sensor, follow = cost_model("bf16-mixed")
+    model = FaultyRegressor(fault="drift", fault_step=12, sleep_s=0.0)  # bf16's loss 10 % off from step 12
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.02, drift_patience=2)
+    trainer = L.Trainer(callbacks=[callback, follow], logger=CSVLogger(str(tmp_path), name="csv"),
+                        **{**trainer_kwargs(tmp_path, max_epochs=3), "log_every_n_steps": 1})
+    trainer.fit(model, tiny_loader(), tiny_loader(n=32))
+    assert callback.chosen == "bf16-mixed"
+    fallback = callback.switches[-1]
+    assert (fallback["from"], fallback["to"]) == ("bf16-mixed", "32-true")
+    assert fallback["reason"].startswith("fallback: loss gap 0.")
+    assert "> tolerance 0.02 at 2 checks in a row" in fallback["reason"]
+    gaps = [c["loss_gap"] for c in callback.checks if c["loss_gap"] is not None]
+    assert all(0.05 < gap < 0.15 for gap in gaps[-2:])  # 10 % drift (plus bf16's own error); fallback at the 2nd
+    assert callback.checks[-1]["step"] - callback.checks[-2]["step"] == 2
+    assert trainer.precision_plugin.mode_name == "32-true"
+    # logged: the mode as a number on every step, the switch count, the gap and the profiled figures
+    with open(Path(trainer.log_dir) / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    modes = [float(r["precision/mode"]) for r in rows if r.get("precision/mode")]
+    assert modes[0] == MODES["32-true"].code and modes[-1] == MODES["32-true"].code
+    assert MODES["bf16-mixed"].code in modes
+    assert [r["precision/loss_gap"] for r in rows if r.get("precision/loss_gap")]
+    for name in ("32-true", "bf16-mixed"):
+        assert [r for r in rows if r.get(f"precision/{name}/step_J")], name
+    assert max(float(r["precision/switches"]) for r in rows if r.get("precision/switches")) == len(callback.switches)
+
+
+def test_guard_falls_back_on_an_exploding_loss(tmp_path):
+    sensor, follow = cost_model("bf16-mixed")
+    model = FaultyRegressor(fault="offset", fault_step=14, sleep_s=0.0)  # +100 on the loss, same gradients
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.5, probe=False)
+    fit(tmp_path, model, [callback, follow], max_epochs=3)
+    fallback = callback.switches[-1]
+    assert (fallback["from"], fallback["to"]) == ("bf16-mixed", "32-true")
+    assert fallback["reason"].startswith("fallback: exploding loss: window mean")
+    assert callback.profiles["bf16-mixed"]["loss_gap"] is None  # probe off: no gap measured
+
+
+def test_fixed_mode_never_switches_but_measures_the_gap(tmp_path):
+    model = FaultyRegressor(fault="drift", sleep_s=0.0)
+    callback = switch(mode="bf16-mixed", tolerance=0.02)
+    trainer = fit(tmp_path, model, [callback], max_epochs=2)
+    assert callback.switches == [] and trainer.precision_plugin.mode_name == "bf16-mixed"
+    gaps = [c["loss_gap"] for c in callback.checks]
+    assert len(gaps) == 10 and all(0.05 < gap < 0.15 for gap in gaps)  # beyond tolerance, yet no switch
+    report = callback.report
+    assert report["fixed_mode"] == "bf16-mixed" and report["modes"][0]["trained_steps"] == 20
+
+
+def test_tensorboard_gets_a_text_entry_per_switch(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sensor, follow = cost_model("bf16-mixed")
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"])
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1,
+                  logger=TensorBoardLogger(str(tmp_path), name="tb"))
+    acc = EventAccumulator(trainer.log_dir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("precision/mode/text_summary")]
+    assert texts == ["step 5: 32-true -> bf16-mixed (profiling 2/2)"]
+    assert {e.value for e in acc.Scalars("precision/mode")} == {1.0, 3.0}
+    assert "precision/bf16-mixed/loss_gap" in acc.Tags()["scalars"]
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_resume_after_profiling_keeps_the_choice(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    sensor, follow = cost_model("bf16-mixed")
+    first = switch(sensor, candidates=["32-true", "bf16-mixed"])
+    fit(tmp_path, FaultyRegressor(sleep_s=0.0), [first, follow, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+        max_epochs=1, enable_checkpointing=True)
+    assert first.phase == "guarding" and len(first.switches) == 1
+
+    sensor, follow = cost_model("32-true")  # a different cost now: no new profiling may happen
+    second = switch(sensor, candidates=["32-true", "bf16-mixed"])
+    seen = []
+
+    class Modes(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(trainer.precision_plugin.mode_name)
+
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0),
+                  [second, follow, Modes(), ModelCheckpoint(dirpath=ckpt_dir, save_last=True)], max_epochs=2,
+                  enable_checkpointing=True, ckpt_path=ckpt_dir / "last.ckpt")
+    assert set(seen) == {"bf16-mixed"} and len(seen) == 10
+    assert second.chosen == "bf16-mixed" and second.switches == first.switches
+    assert trainer.precision_plugin.mode_name == "bf16-mixed"
+
+
+# ---------------------------------------------------------------------------------------------- probe
+class Noisy(L.LightningModule):
+    """Dropout, BatchNorm and a torchmetrics metric: every side effect the probe must undo."""
+
+    def __init__(self):
+        super().__init__()
+        import torchmetrics
+
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 1))
+        self.mse = torchmetrics.MeanSquaredError()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.net(x)
+        self.mse(out, y)
+        loss = nn.functional.mse_loss(out, y)
+        self.log("train/loss", loss)
+        return {"loss": loss}
+
+
+def test_the_probe_replays_the_step_without_side_effects():
+    torch.manual_seed(0)
+    module = Noisy().train()
+    batch = (torch.randn(32, 8), torch.randn(32, 1))
+    fake_trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    plugin = SwitchablePrecision("bf16-mixed", device_type="cpu")
+    buffers = [b.clone() for b in module.buffers()]
+    rng = torch.get_rng_state()
+    reference = reference_loss(fake_trainer, module, plugin, batch, 0)
+    assert all(torch.equal(a, b) for a, b in zip(buffers, module.buffers()))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert module.mse.update_count == 0 and float(module.mse.total) == 0
+    with _silenced_logging(module):
+        real = module.training_step(batch, 0)["loss"]  # the same dropout masks, in float32
+    assert torch.equal(real, reference)
+    assert module.mse.update_count == 1
+    assert not torch.equal(buffers[0], module.net[1].running_mean)  # the real step updates BatchNorm once
+
+
+# ---------------------------------------------------------------------------------------------- errors, config
+@pytest.mark.parametrize("kwargs, match", [
+    ({"candidates": ["32-true", "fp8"]}, "`candidates` must be one of"),
+    ({"candidates": "bf16-mixed"}, "`candidates` must be a non-empty list"),
+    ({"candidates": ["bf16-mixed", "bf16-mixed"]}, "duplicates"),
+    ({"mode": "bf16-mixed", "candidates": ["32-true"]}, "either `mode`"),
+    ({"mode": "half"}, "`mode` must be one of"),
+    ({"tolerance": 0}, "`tolerance` must be a finite number > 0"),
+    ({"tolerance": float("nan")}, "`tolerance`"),
+    ({"profile_steps": 0}, "`profile_steps` must be an integer >= 1"),
+    ({"warmup_steps": -1}, "`warmup_steps`"),
+    ({"explode_factor": 1.0}, "`explode_factor` must be > 1"),
+    ({"objective": "carbon"}, "`objective` must be one of"),
+    ({"drift_patience": 0}, "`drift_patience`"),
+    ({"interval_s": 0}, "`interval_s`"),
+])
+def test_arguments_are_validated_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PrecisionSwitch(**kwargs)
+    with pytest.raises(ValueError, match="`mode` must be one of"):
+        SwitchablePrecision("fp8")
+
+
+def test_environment_problems_fail_before_training(tmp_path):
+    with pytest.raises(ValueError, match="PrecisionSwitch sets the precision itself.*precision='bf16-mixed'"):
+        fit(tmp_path, FaultyRegressor(), [switch()], precision="bf16-mixed")
+    with pytest.raises(ValueError, match="mode='tf32'.* cannot run on 'cpu': TF32 is a CUDA feature"):
+        fit(tmp_path, FaultyRegressor(), [switch(mode="tf32")])
+    with pytest.raises(ValueError, match="keeps parameters in torch.float32.*torch.float64.*'64-true'"):
+        fit(tmp_path, FaultyRegressor().double(), [switch()])
+    assert not get_sampler().running  # the failed fits released the shared sampler
+
+
+def test_a_cuda_only_candidate_is_dropped_on_cpu_with_a_warning(tmp_path):
+    sensor, follow = cost_model("bf16-mixed")
+    callback = switch(sensor, candidates=["32-true", "tf32", "bf16-mixed"])
+    with pytest.warns(UserWarning, match="candidate 'tf32' dropped: TF32 is a CUDA feature"):
+        fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1)
+    assert callback.plan == ["32-true", "bf16-mixed"] and callback.chosen == "bf16-mixed"
+    assert {r["mode"]: r["status"] for r in callback.report["modes"]}["tf32"].startswith("unavailable")
+
+
+def test_lightning_cli_config(tmp_path, monkeypatch):
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    config = HERE.parent / "configs" / "precision_switch.yaml"
+    monkeypatch.setattr("sys.argv", ["lightning-cli"])
+    cli = LightningCLI(
+        BoringModel, BoringDataModule, run=False, save_config_kwargs={"overwrite": True},
+        args=["--config", str(config), "--seed_everything=1", "--trainer.max_epochs=1",
+              "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+              f"--trainer.default_root_dir={tmp_path}"],
+    )
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, PrecisionSwitch)]
+    assert callback.mode is None
+    assert callback.candidates == ["32-true", "bf16-mixed", "16-mixed", "16-mixed-noscale"]
+    assert callback.tolerance == 0.02 and callback.check_every_n_steps == 50 and callback.objective == "energy"
+
+
+# ---------------------------------------------------------------------------------------------- DDP, GPU
+@pytest.mark.slow
+def test_ddp_ranks_decide_and_fall_back_together(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(HERE / "precision_ddp_fit.py"), str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # rank 1 alone would pick 16-mixed (10 W); summed over ranks bf16-mixed is cheaper (50 + 100 < 200 + 10)
+    assert ranks[0]["chosen"] == ranks[1]["chosen"] == "bf16-mixed"
+    assert ranks[0]["profiles"] == ranks[1]["profiles"]
+    profiles = ranks[0]["profiles"]
+    assert profiles["bf16-mixed"]["step_J"] < profiles["16-mixed"]["step_J"]
+    # a NaN on rank 1 only: both ranks fall back at the same step, to the same mode, for the same reason
+    assert ranks[0]["switches"] == ranks[1]["switches"]
+    fallback = ranks[0]["switches"][-1]
+    assert (fallback["from"], fallback["to"]) == ("bf16-mixed", "32-true")
+    assert fallback["reason"] == "fallback: non-finite gradients (optimizer step skipped)"
+    assert ranks[0]["modes"] == ranks[1]["modes"]  # the mode of every step, on both ranks
+    assert ranks[0]["finite_params"] and ranks[1]["finite_params"]
+    (report_path,) = tmp_path.rglob("precision_report.json")
+    report = json.loads(report_path.read_text())
+    assert report["world_size"] == 2 and report["chosen"] == "bf16-mixed" and report["final_mode"] == "32-true"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode, scaled", [("16-mixed", True), ("16-mixed-noscale", False)])
+def test_gpu_fp16_with_and_without_gradient_scaling(tmp_path, mode, scaled):
+    dtypes = set()
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            with trainer.precision_plugin.forward_context():
+                dtypes.add(pl_module(batch[0]).dtype)
+
+    model = FaultyRegressor(sleep_s=0.0)
+    callback = switch(mode=mode)
+    trainer = fit(tmp_path, model, [callback, Record()], max_epochs=3, accelerator="gpu")
+    plugin = trainer.precision_plugin
+    assert dtypes == {torch.float16} and model.param_dtypes == {torch.float32}
+    assert (plugin.scaler is not None) is scaled
+    if scaled:
+        assert isinstance(plugin.scaler, torch.amp.GradScaler) and plugin.scaler.get_scale() > 0
+    assert model.losses[-1] < 0.5 * model.losses[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_switching_through_every_mode(tmp_path):
+    order = [m for m in ("32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale")
+             if unavailable_reason(MODES[m], "cuda") is None]  # tf32 needs compute capability >= 8
+    driver = DriveModes(order)
+    model = AdamRegressor(sleep_s=0.0)
+    matmul = torch.get_float32_matmul_precision()
+    fit(tmp_path, model, [driver], plugins=[SwitchablePrecision()], max_epochs=4, accelerator="gpu", logger=False)
+    assert set(driver.modes) == set(order) and model.param_dtypes == {torch.float32}
+    assert sum(model.losses[-10:]) < 0.3 * sum(model.losses[:10])
+    assert torch.get_float32_matmul_precision() == matmul  # the user's TF32 setting is restored
+
+
+def test_energy_report_carries_the_precision_table(tmp_path):
+    from lightning_energy import EnergyCallback, SimulatedSensor
+    from lightning_energy.callbacks.precision import PrecisionSwitch as Switch
+
+    energy = EnergyCallback(sensors=[SimulatedSensor("device", 90.0)], verbose=False)
+    switch = Switch(mode="bf16-mixed", verbose=False)
+    trainer = L.Trainer(callbacks=[energy, switch], **trainer_kwargs(tmp_path, max_epochs=1))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    section = energy.report["sections"]["precision"]
+    assert section is switch.report  # built once, shared by both reports
+    assert section["final_mode"] == "bf16-mixed"
+    assert json.loads(energy.report_path.read_text())["sections"]["precision"]["final_mode"] == "bf16-mixed"
