@@ -5,11 +5,15 @@ codecarbon are imported only by the functions that need them.
 """
 
 from lightning_energy.callbacks.energy import EnergyCallback
+from lightning_energy.callbacks.flops import FlopsCallback
 from lightning_energy.callbacks.precision import PrecisionSwitch
+from lightning_energy.callbacks.prediction import EnergyPredictionCheck
+from lightning_energy.callbacks.profiler import EnergyProfiler
 from lightning_energy.meter import Measurement, Meter
 from lightning_energy.precision import SwitchablePrecision
+from lightning_energy.prediction import estimate_energy
 from lightning_energy.sampler import Sampler, get_sampler
 from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor
 
-__all__ = ["EnergyCallback", "PrecisionSwitch", "SwitchablePrecision", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
+__all__ = ["EnergyCallback", "EnergyProfiler", "FlopsCallback", "EnergyPredictionCheck", "estimate_energy", "PrecisionSwitch", "SwitchablePrecision", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
            "Measurement", "Meter", "Sampler", "get_sampler"]

@@ -10,14 +10,13 @@ import argparse
 import importlib
 import sys
 
+from lightning_energy.commands import CommandError  # defined apart so `python -m` runs catch it too
+
 # name -> module; add a line here for each new command
 COMMANDS: dict[str, str] = {
     "show-report": "lightning_energy.commands.show_report",
+    "estimate": "lightning_energy.commands.estimate",
 }
-
-
-class CommandError(Exception):
-    """A problem with the user's input: printed as one line, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

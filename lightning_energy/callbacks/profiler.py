@@ -1,0 +1,331 @@
+"""EnergyProfiler: torch.profiler traces with power counter tracks, and the energy of every operator."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_energy.io import atomic_write_text
+from lightning_energy.meter import Mark, measure
+from lightning_energy.op_energy import (
+    SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us, counter_events,
+    read_chrome_trace, write_chrome_trace,
+)
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.session import open_meter_session
+
+ACTIVITIES = ("cpu", "cuda")
+TRACE_GLOB = "*.pt.trace.json*"
+OPS_CSV = "op_energy_step{step}{suffix}.csv"
+SYNC_TIGHT_S = 100e-6  # a sync marker taking longer was probably preempted: take another (up to 3)
+SYNC_ATTEMPTS = 3
+
+
+@dataclass
+class _Window:
+    """One profiled window (the active steps of one schedule cycle) while it is recorded."""
+
+    start: Mark
+    unix_minus_perf_s: float
+    syncs: list[tuple[float, float]] = field(default_factory=list)
+    end: Mark | None = None
+    samples: list = field(default_factory=list)
+
+
+@dataclass
+class ProfiledWindow:
+    """What one profiled window produced."""
+
+    step: int
+    trace_path: Path
+    csv_path: Path
+    window_J: float
+    window_s: float
+    clock_offset_us: float
+    clock_uncertainty_us: float
+    counter_events: int
+    attribution: Attribution
+
+
+class EnergyProfiler(Callback):
+    """Profile training steps with ``torch.profiler`` and put the measured energy into the traces.
+
+    For every cycle of the schedule (``skip_first`` steps, then ``wait``, ``warmup`` and ``active``
+    training steps, ``repeat`` times; 0 = until training ends) it writes into the logger's log dir,
+    where the TensorBoard profiler plugin finds it under the same run as the scalars:
+
+    - ``<host>_<pid>.<ns>.pt.trace.json``: the trace from ``torch.profiler.tensorboard_trace_handler``,
+      rewritten atomically with counter tracks ``power <sensor> (W)`` (every sample of the window) and
+      ``energy <sensor> (J)`` (since the window start), aligned to the trace's clock (see
+      :mod:`lightning_energy.op_energy`), plus a ``lightningEnergy`` entry (window, clock offset).
+    - ``op_energy_step<global step>.csv``: columns ``op, calls, time_s, energy_J, share_of_step_energy``,
+      the window's measured energy split among operators by the rule in
+      :mod:`lightning_energy.op_energy` (innermost op per thread/stream holds the time; concurrent ops
+      share equally; the rest is the idle row), so the ops and the idle row add up to the window.
+
+    Logged (rank zero, at the global step that ends the window): ``profiler/window_J``,
+    ``profiler/window_s``, ``profiler/window_W``, ``profiler/idle_J`` and, with TensorBoard, the text
+    table ``energy/ops``. The window is the profiled steps from the ``ProfilerStep`` boundary before
+    the first active step to the end of the last one (data loading between them included).
+
+    Why a Callback and not a Lightning ``Profiler`` subclass: a Trainer takes one profiler only, so a
+    subclass would exclude the Simple/Advanced profilers; a ``Profiler`` sees actions by name without
+    the trainer, module, loggers or step numbers it needs to log tables and align windows with steps; and
+    a callback can share the meter session of an ``EnergyCallback`` in the same Trainer. Lightning's
+    own ``PyTorchProfiler`` cannot run at the same time (one torch profiler per process).
+
+    The samples come from the shared sampler (no thread of its own): a short window holds few of them,
+    so lower ``interval_s`` (it raises the shared sampling rate while this callback is attached) for
+    a finer power curve. Post-processing (reading, annotating and rewriting the trace) runs on the
+    training thread once per window, like the trace export itself.
+
+    Args:
+        wait, warmup, active, repeat, skip_first: the ``torch.profiler.schedule`` in training steps
+            (``warmup >= 1``: the first recorded step is skewed without it; ``active >= 1``).
+        record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
+        activities: ``"cpu"``/``"cuda"`` to record; default CPU, plus CUDA when training on a GPU.
+        sensors: sensors to read instead of those of an ``EnergyCallback`` or the auto-detected ones.
+        interval_s: sampling interval requested from the shared sampler (s, >= 0.001).
+        use_gzip: write ``.pt.trace.json.gz``.
+        top_ops: rows of the TensorBoard text table (the CSV holds every op).
+    """
+
+    def __init__(
+        self,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        skip_first: int = 0,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        activities: list[str] | None = None,
+        sensors: list[Sensor] | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        use_gzip: bool = False,
+        top_ops: int = 25,
+    ) -> None:
+        super().__init__()
+        for name, value, least in (("wait", wait, 0), ("warmup", warmup, 1), ("active", active, 1),
+                                   ("repeat", repeat, 0), ("skip_first", skip_first, 0), ("top_ops", top_ops, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"`{name}` must be an integer >= {least}, got {value!r}")
+        for name, value in (("record_shapes", record_shapes), ("profile_memory", profile_memory),
+                            ("with_stack", with_stack), ("use_gzip", use_gzip)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
+        if activities is not None:
+            if isinstance(activities, str) or not all(a in ACTIVITIES for a in activities) or not activities:
+                raise ValueError(f"`activities` must be a non-empty list drawn from {ACTIVITIES}, got {activities!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)
+        self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack
+        self.activities = None if activities is None else list(activities)
+        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        self.interval_s = float(interval_s)
+        self.use_gzip = use_gzip
+        self.top_ops = top_ops
+        self.windows: list[ProfiledWindow] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._session = None
+        self._profiler = None
+        self._recorder = WindowRecorder()
+        self._window: _Window | None = None
+        self._pending: _Window | None = None
+        self._processing = True
+        self._windows_opened = 0
+        self._log_dir: Path | None = None
+        self._trainer: Trainer | None = None
+
+    # ---------------------------------------------------------------- set-up and tear-down
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._session is not None:
+            return
+        from lightning.pytorch.profilers import PyTorchProfiler
+
+        if isinstance(trainer.profiler, PyTorchProfiler):
+            raise ValueError("EnergyProfiler runs torch.profiler itself and cannot share the process with "
+                             "Trainer(profiler='pytorch'); remove one of them")
+        if self.activities and "cuda" in self.activities and trainer.strategy.root_device.type != "cuda":
+            raise ValueError("EnergyProfiler(activities=[..., 'cuda']) needs a CUDA device; this Trainer runs on "
+                             f"{trainer.strategy.root_device}")
+        self._reset()
+        self.windows = []
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
+        self._trainer = trainer
+        self._suffix = "" if trainer.global_rank == 0 else f"_rank{trainer.global_rank}"
+        self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
+        for note in self._session.notes:
+            rank_zero_warn(note)
+        self._session.sampler.add_listener(self._recorder)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._processing = False  # no trace post-processing for a failed run
+        self._release()
+
+    def _release(self) -> None:
+        if self._profiler is not None:
+            profiler, self._profiler = self._profiler, None
+            profiler.stop()
+        if self._session is not None:
+            session, self._session = self._session, None
+            session.sampler.remove_listener(self._recorder)
+            session.close()
+
+    # ---------------------------------------------------------------- profiling
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        import torch.profiler as tp
+
+        names = self.activities or (["cpu", "cuda"] if trainer.strategy.root_device.type == "cuda" else ["cpu"])
+        kinds = {"cpu": tp.ProfilerActivity.CPU, "cuda": tp.ProfilerActivity.CUDA}
+        self._trace_handler = tp.tensorboard_trace_handler(str(self._log_dir), use_gzip=self.use_gzip)
+        self._profiler = tp.profile(
+            activities=[kinds[n] for n in names],
+            schedule=tp.schedule(**self.schedule),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+        )
+        self._profiler.start()
+        self._open_window_if_recording()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
+                           batch_idx: int) -> None:
+        profiler = self._profiler
+        if profiler is None:
+            return
+        from torch.profiler import ProfilerAction
+
+        if profiler.current_action == ProfilerAction.RECORD_AND_SAVE:
+            self._close_window()
+        with warnings.catch_warnings():  # "clears events at the end of each cycle": one trace per cycle is the aim
+            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+            profiler.step()  # exports the trace at the end of a cycle (-> _on_trace_ready)
+        self._open_window_if_recording()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._profiler is None:
+            return
+        if self._window is not None:  # training ended inside the active steps: keep what was recorded
+            self._close_window()
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        if self._windows_opened == 0 and trainer.is_global_zero:
+            rank_zero_warn(f"EnergyProfiler: training ended before the schedule {self.schedule} reached an active "
+                           "step; no trace was written")
+
+    def _open_window_if_recording(self) -> None:
+        from torch.profiler import ProfilerAction
+
+        if self._window is None and self._profiler.current_action in (ProfilerAction.RECORD,
+                                                                        ProfilerAction.RECORD_AND_SAVE):
+            self._recorder.open()
+            mark = self._session.meter.mark()
+            self._window = _Window(mark, time.time() - time.perf_counter())
+            self._windows_opened += 1
+            self._sync()
+
+    def _close_window(self) -> None:
+        window, self._window = self._window, None
+        if window is None:
+            return
+        self._sync(window)
+        window.end = self._session.meter.mark()
+        self._pending = window
+
+    def _sync(self, window: _Window | None = None) -> None:
+        """An empty marker op between two perf_counter readings: ties the trace clock to the sampler's."""
+        from torch.profiler import record_function
+
+        syncs = (window or self._window).syncs
+        for _ in range(SYNC_ATTEMPTS):
+            before = time.perf_counter()
+            with record_function(SYNC_MARKER):
+                pass
+            syncs.append((before, time.perf_counter()))
+            if syncs[-1][1] - before < SYNC_TIGHT_S:
+                break
+
+    # ---------------------------------------------------------------- the exported trace
+    def _on_trace_ready(self, profiler) -> None:
+        before = set(self._log_dir.glob(TRACE_GLOB))
+        self._trace_handler(profiler)
+        window, self._pending = self._pending, None
+        if window is None or not self._processing:
+            return
+        written = sorted(set(self._log_dir.glob(TRACE_GLOB)) - before, key=lambda p: p.stat().st_mtime)
+        try:
+            if not written:
+                raise FileNotFoundError(f"torch.profiler reported a trace but none appeared in {self._log_dir}")
+            self.windows.append(self._annotate(window, written[-1], self._trainer))
+        except (OSError, ValueError, TypeError) as err:  # a broken trace never stops training
+            warnings.warn(f"EnergyProfiler: could not add energy to the trace ({type(err).__name__}: {err}); "
+                          "training goes on", RuntimeWarning, stacklevel=2)
+
+    def _annotate(self, window: _Window, trace_path: Path, trainer: Trainer) -> ProfiledWindow:
+        meter = self._session.meter
+        end = meter.wait(window.end)  # marks resolve in order: the start is resolved too
+        samples = self._recorder.close()
+        measured = measure(window.start, end)
+        trace = read_chrome_trace(trace_path)
+        events = trace.get("traceEvents")
+        if not isinstance(events, list):
+            raise ValueError(f"{trace_path} is not a Chrome trace (no traceEvents list)")
+        offset, uncertainty = clock_offset_us(events, window.syncs, trace.get("baseTimeNanoseconds"),
+                                         window.unix_minus_perf_s)
+        curve = EnergyCurve.from_window(window.start.t, window.start.energy, end.t, end.energy, samples)
+        attribution = attribute_energy(events, curve, offset)
+        pid = next((e.get("pid") for e in events if e.get("name") == SYNC_MARKER), os.getpid())
+        counters = counter_events(samples, curve, offset, pid)
+        events.extend(counters)
+        trace["lightningEnergy"] = {
+            "window_start_ts_us": window.start.t * 1e6 + offset,
+            "window_end_ts_us": end.t * 1e6 + offset,
+            "window_J": measured.total_J,
+            "window_s": measured.duration_s,
+            "energy_J": measured.energy_J,
+            "clock_offset_us": offset,
+            "clock_uncertainty_us": uncertainty,
+            "samples": len(samples),
+            "samples_dropped": self._recorder.dropped,
+            "extrapolated": measured.extrapolated,
+        }
+        write_chrome_trace(trace_path, trace)
+        step = trainer.global_step
+        csv_path = atomic_write_text(self._log_dir / OPS_CSV.format(step=step, suffix=self._suffix),
+                                     attribution.csv_text())
+        if trainer.is_global_zero:
+            self._log(trainer, step, measured, attribution)
+        return ProfiledWindow(step, trace_path, csv_path, measured.total_J, measured.duration_s, offset, uncertainty,
+                              len(counters), attribution)
+
+    def _log(self, trainer: Trainer, step: int, measured, attribution: Attribution) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        metrics = {
+            "profiler/window_J": measured.total_J,
+            "profiler/window_s": measured.duration_s,
+            "profiler/window_W": measured.mean_power_W,
+            "profiler/idle_J": attribution.idle_J,
+        }
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text("energy/ops", attribution.markdown(self.top_ops), global_step=step)
+                logger.experiment.flush()
