@@ -16,6 +16,7 @@ from lightning_energy.sensors.base import Sensor
 
 # A quiet counter still gets a point after this many update periods, so zero power stays resolvable.
 STALE_COUNTER_PERIODS = 1.5
+READ_SLACK_S = 1e-6  # a tick due exactly at a sensor's read interval still reads it
 
 
 class SensorSeries:
@@ -32,6 +33,12 @@ class SensorSeries:
         self.failure: str | None = None
         self.failed_at: float | None = None
         self._last_read: float | None = None
+        self._last_read_t = -math.inf
+
+    def read_recently(self, t: float) -> bool:
+        """True if the sensor asks for fewer reads and its last one is younger than that interval."""
+        interval = self.sensor.min_read_interval_s
+        return interval is not None and bool(self.times) and t - self._last_read_t < interval - READ_SLACK_S
 
     @property
     def live(self) -> bool:
@@ -39,6 +46,7 @@ class SensorSeries:
 
     def add_reading(self, t: float, value: float) -> None:
         """Add one reading taken at time ``t``: joules for counters, watts for power sensors."""
+        self._last_read_t = t
         if not math.isfinite(value):
             raise ValueError(f"sensor returned a non-finite value: {value!r}")
         if self.kind == "power":

@@ -136,14 +136,48 @@ def test_no_host_sensors_on_other_local_ranks(tmp_path):
 
 # ------------------------------------------------------------------ CPU estimate
 def test_cpu_estimate_follows_the_load_model(monkeypatch):
-    fake_psutil = types.SimpleNamespace(cpu_percent=lambda interval=None: 50.0)
-    monkeypatch.setitem(sys.modules, "psutil", fake_psutil)
+    monkeypatch.setattr(estimate.SystemLoad, "fraction", lambda self: 0.5)
     sensor = estimate.CpuEstimateSensor(tdp_w=100.0)
     sensor.open()
     assert sensor.power_w() == pytest.approx(100.0 * (0.1 + 0.9 * 0.5**3))
     described = sensor.describe()
     assert described["estimated"] is True and described["assumed_tdp_W"] == 100.0
     assert "ESTIMATE" in described["source"] and "100 W" in described["source"]
+
+
+def test_system_load_from_proc_stat(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 50 0 50 400 0 0 0 0 0 0\n")
+    monkeypatch.setattr(estimate, "PROC_STAT", str(stat))
+    load = estimate.SystemLoad()
+    stat.write_text("cpu  200 0 150 840 10 0 0 0 0 0\ncpu0 100 0 75 420 5 0 0 0 0 0\n")
+    assert load.fraction() == pytest.approx(150 / 200)  # busy +150 ticks of +200
+    assert load.fraction() == 0.0  # no ticks since
+    load.close()
+
+
+def test_cpu_estimate_is_read_at_most_every_100_ms(manual_sampler, clock):
+    from lightning_energy.meter import Meter
+
+    reads = []
+
+    class CountingEstimate(estimate.CpuEstimateSensor):
+        def power_w(self):
+            reads.append(clock())
+            return 10.0
+
+    names = manual_sampler.acquire("t", [CountingEstimate(tdp_w=50.0)], start_thread=False)
+    meter = Meter(manual_sampler, names)
+    meter.clock.record = clock
+    manual_sampler.add_meter(meter)
+    for _ in range(20):
+        clock.advance(0.02)
+        manual_sampler.sample_once(read_all=False)
+    assert len(reads) == 1 + 20 * 0.02 / 0.1  # the first read at acquire, then one per 100 ms
+    clock.advance(0.02)
+    mark = meter.mark()
+    meter.wait(mark)  # a waited-for mark reads every sensor at once
+    assert mark.resolved and len(reads) == 6
 
 
 def test_cpu_tdp_lookup_uses_codecarbons_table():

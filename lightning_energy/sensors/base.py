@@ -23,10 +23,13 @@ class Sensor:
     - ``source``: a short human-readable description of what is read (shown in the report).
     - ``counter_update_period_s``: for counters that only change every so often (NVML: ~0.1 s), the
       period; the sampler then attributes energy by interpolating between the updates it observes.
+    - ``min_read_interval_s``: read this sensor at most this often (s), for sources whose value does not
+      change faster; the sampler skips it on earlier ticks (but reads it when a result is waited for).
     """
 
     estimated: bool = False
     counter_update_period_s: float | None = None
+    min_read_interval_s: float | None = None
 
     def __init__(self, name: str, scope: Scope = "host", source: str | None = None) -> None:
         if not isinstance(name, str) or not name.strip():

@@ -1,0 +1,541 @@
+"""Training-thread overhead of ``EnergyCallback``, side by side with CodeCarbon and Zeus.
+
+A small MLP whose Lightning training step takes about 5 ms on one CPU thread is trained with each
+configuration below, interleaved within every repetition (the order rotates from one repetition to
+the next), so that all configurations see the same drift of a noisy machine:
+
+- ``plain``       no energy measurement (the reference);
+- ``energy``      ``EnergyCallback(verbose=False)``, otherwise defaults (auto-detected sensors);
+- ``codecarbon``  CodeCarbon's ``OfflineEmissionsTracker(measure_power_secs=1)`` around the fit;
+- ``zeus``        one Zeus ``ZeusMonitor`` window per step (``begin_window``/``end_window``).
+
+Step time is measured from inside the loop: a timing callback placed first records the time between
+consecutive ``on_train_batch_start`` calls, so set-up and tear-down (trainer construction, report
+writing, figures) are excluded. Per fit we keep the median step time over the steps after warm-up;
+per configuration we quote the median over repetitions, and the ratio to ``plain`` is the median of
+the per-repetition ratios (each computed from fits run next to each other). The same timer also reads
+the training thread's CPU time and the process's CPU time, whose ratios are less sensitive to other
+processes on a shared machine (the load average at start and end is recorded for that reason).
+
+The per-step hooks of ``EnergyCallback`` (and of the Zeus callback) are wrapped with
+``time.perf_counter_ns()`` to give the callback's own time on the training thread per step. That time
+excludes the cost that the background sampling thread imposes on the training thread (GIL, cache,
+a shared core): that cost shows only in the step-time ratio.
+
+Goals (from the issue): step-time ratio ``energy``/``plain`` <= 1.01; callback time <= 50 us per step.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/overhead.py [--reps 5] [--steps 400]``.
+Writes ``benchmarks/results/overhead.json`` (raw per-repetition numbers, medians, ratios, goals, machine).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["OMP_NUM_THREADS"] = "1"  # one CPU thread, set before torch is imported
+os.environ["MKL_NUM_THREADS"] = "1"
+os.environ.setdefault("CODECARBON_LOG_LEVEL", "error")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import cProfile  # noqa: E402
+import datetime as dt  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import platform  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
+
+import torch  # noqa: E402
+from lightning.pytorch import Callback, LightningModule, Trainer  # noqa: E402
+from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
+from torch import nn  # noqa: E402
+
+from lightning_energy import EnergyCallback  # noqa: E402
+
+torch.set_num_threads(1)
+with contextlib.suppress(RuntimeError):  # fails if inter-op work already started
+    torch.set_num_interop_threads(1)
+
+# --- the workload: about 5 ms per Lightning training step on one thread of the 2-core test machine ---
+IN_FEATURES = 256
+WIDTH = 512
+DEPTH = 3  # hidden layers
+CLASSES = 10
+BATCH = 56
+DISTINCT_BATCHES = 16  # pre-built batches, reused in turn: the data path costs nothing
+WARMUP_STEPS = 25  # steps per fit left out of the step-time statistics
+
+GOAL_RATIO = 1.01  # energy / plain median step time
+GOAL_CALLBACK_US = 50.0  # EnergyCallback's own time on the training thread, us per step
+CONFIGS = ("plain", "energy", "codecarbon", "zeus")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
+
+ZEUS_NOTE = ("no GPU or readable RAPL counter here, so ZeusMonitor(gpu_indices=[], cpu_indices=[]) reads "
+             "no device: the zeus row measures the window bookkeeping cost only")
+
+
+# ------------------------------------------------------------------------------------------ model
+class TinyMLP(LightningModule):
+    """An MLP classifier on random features; logs its loss every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Linear(IN_FEATURES, WIDTH), nn.ReLU()]
+        for _ in range(DEPTH - 1):
+            layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+        layers.append(nn.Linear(WIDTH, CLASSES))
+        self.net = nn.Sequential(*layers)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Batches:
+    """Pre-built in-memory batches served in turn (a single iterable: Lightning reads a bare list as a
+    collection of loaders)."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def make_batches(steps: int, seed: int = 0) -> Batches:
+    """``steps`` in-memory batches (``DISTINCT_BATCHES`` distinct ones, reused), one epoch of the fit."""
+    g = torch.Generator().manual_seed(seed)
+    distinct = [(torch.randn(BATCH, IN_FEATURES, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
+                for _ in range(DISTINCT_BATCHES)]
+    return Batches([distinct[i % DISTINCT_BATCHES] for i in range(steps)])
+
+
+# ------------------------------------------------------------------------------------------ timing
+class StepTimer(Callback):
+    """Clocks read at each ``on_train_batch_start`` (ns); put it first in the callback list.
+
+    Three clocks: wall time (``perf_counter``), the training thread's CPU time (``thread_time``: not
+    inflated while other processes hold the core, though on a VM it still absorbs steal and cache
+    contention) and the process's CPU time (``process_time``: all threads, so it includes the work of
+    background sampling threads).
+    """
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[int, int, int]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.marks.append((time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()))
+
+    def step_times_s(self, warmup: int) -> list[float]:
+        """Wall time of each step in s, the first ``warmup`` steps left out."""
+        ns = [m[0] for m in self.marks]
+        return [(b - a) * 1e-9 for a, b in zip(ns[warmup:], ns[warmup + 1:])]
+
+    def cpu_ms_per_step(self, warmup: int) -> dict[str, float]:
+        """Mean CPU time per step in ms after warm-up: ``thread`` (training thread), ``process`` (all threads)."""
+        first, last = self.marks[warmup], self.marks[-1]
+        steps = len(self.marks) - 1 - warmup
+        return {"thread": (last[1] - first[1]) * 1e-6 / steps, "process": (last[2] - first[2]) * 1e-6 / steps}
+
+
+class HookTimer:
+    """Mixin: the time spent in the wrapped class's per-step hooks, summed per step (ns).
+
+    Two clocks: wall time (``perf_counter_ns``, the cost to the training thread, but inflated whenever
+    the OS preempts the thread inside a hook) and the thread's CPU time (``thread_time_ns``, which is not,
+    but includes a few us of its own clock reads: a system call each).
+    Optionally runs a ``cProfile.Profile`` inside the hooks only (``profiler``).
+    """
+
+    profiler: cProfile.Profile | None = None
+
+    def _hook_timer_init(self) -> None:
+        self.hook_ns_per_step: list[int] = []
+        self.hook_cpu_ns_per_step: list[int] = []
+        self._start_ns = self._start_cpu_ns = 0
+
+    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
+        prof = self.profiler
+        if prof is not None:
+            prof.enable()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        super().on_train_batch_start(*args, **kwargs)
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        self._start_ns, self._start_cpu_ns = t1 - t0, c1 - c0
+        if prof is not None:
+            prof.disable()
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        prof = self.profiler
+        if prof is not None:
+            prof.enable()
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        super().on_train_batch_end(*args, **kwargs)
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        self.hook_ns_per_step.append(self._start_ns + t1 - t0)
+        self.hook_cpu_ns_per_step.append(self._start_cpu_ns + c1 - c0)
+        if prof is not None:
+            prof.disable()
+
+    def hook_us_per_step(self, warmup: int) -> dict[str, float]:
+        """Hook time in us per step after warm-up: wall ``mean`` (amortised, includes the periodic
+        logging steps), ``median`` and ``max``; ``cpu_mean``: the thread's CPU time, amortised."""
+        us = [ns * 1e-3 for ns in self.hook_ns_per_step[warmup:]]
+        cpu = [ns * 1e-3 for ns in self.hook_cpu_ns_per_step[warmup:]]
+        return {"mean": statistics.fmean(us), "median": statistics.median(us), "max": max(us),
+                "cpu_mean": statistics.fmean(cpu)}
+
+
+class TimedEnergyCallback(HookTimer, EnergyCallback):
+    """``EnergyCallback`` with its per-step hooks timed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._hook_timer_init()
+
+
+class ZeusWindowPerStep(Callback):
+    """One Zeus ``ZeusMonitor`` window per training step (``sync_execution=False``)."""
+
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = monitor
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.monitor.begin_window("step", sync_execution=False)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.monitor.end_window("step", sync_execution=False)
+
+
+class TimedZeusWindowPerStep(HookTimer, ZeusWindowPerStep):
+    """The Zeus per-step window callback with its hooks timed."""
+
+    def __init__(self, monitor: Any) -> None:
+        super().__init__(monitor)
+        self._hook_timer_init()
+
+
+# ------------------------------------------------------------------------------------------ comparisons
+def import_quietly(import_fn: Callable[[], Any]) -> Any:
+    """Run ``import_fn`` with stdout captured (amdsmi prints two lines when ROCm is absent)."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return import_fn()
+
+
+def load_codecarbon() -> Any | None:
+    """CodeCarbon's ``OfflineEmissionsTracker`` class, or None if codecarbon is not installed."""
+    def _import():
+        from codecarbon import OfflineEmissionsTracker
+        return OfflineEmissionsTracker
+    try:
+        cls = import_quietly(_import)
+    except ImportError:
+        return None
+    for name in ("codecarbon", "apscheduler"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    return cls
+
+
+def load_zeus() -> Any | None:
+    """Zeus's ``ZeusMonitor`` class, or None if zeus is not installed."""
+    def _import():
+        from zeus.monitor import ZeusMonitor
+        return ZeusMonitor
+    try:
+        cls = import_quietly(_import)
+    except ImportError:
+        return None
+    logging.getLogger("zeus").setLevel(logging.ERROR)
+    return cls
+
+
+# ------------------------------------------------------------------------------------------ one fit
+def fit_once(config: str, steps: int, batches: Batches, tools: dict[str, Any],
+             profiler: cProfile.Profile | None = None) -> dict[str, Any]:
+    """Train a fresh model for ``steps`` steps under ``config``; step times in s, hook time in us/step."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    timer = StepTimer()
+    callbacks: list[Callback] = [timer]
+    hooked: HookTimer | None = None
+    tracker = None
+    if config == "energy":
+        hooked = TimedEnergyCallback(verbose=False)
+    elif config == "zeus":
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            monitor = tools["zeus"](gpu_indices=[], cpu_indices=[])
+        hooked = TimedZeusWindowPerStep(monitor)
+    elif config == "codecarbon":
+        tracker = tools["codecarbon"](country_iso_code="FRA", measure_power_secs=1, save_to_file=False,
+                                      log_level="error")
+    elif config != "plain":
+        raise ValueError(f"unknown configuration {config!r}")
+    if hooked is not None:
+        hooked.profiler = profiler
+        callbacks.append(hooked)
+    with tempfile.TemporaryDirectory(prefix="le_overhead_") as tmp:
+        trainer = Trainer(
+            accelerator="cpu", devices=1, max_steps=steps, max_epochs=1,
+            logger=TensorBoardLogger(tmp, name="bench"), callbacks=callbacks,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            log_every_n_steps=50, num_sanity_val_steps=0,
+        )
+        if tracker is not None:
+            tracker.start()
+        try:
+            trainer.fit(model, train_dataloaders=batches)
+        finally:
+            if tracker is not None:
+                tracker.stop()
+    result: dict[str, Any] = {"step_s": timer.step_times_s(WARMUP_STEPS), "cpu_ms": timer.cpu_ms_per_step(WARMUP_STEPS)}
+    if hooked is not None:
+        result["hook_us"] = hooked.hook_us_per_step(WARMUP_STEPS)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ the run
+def rotated(configs: list[str], rep: int) -> list[str]:
+    """The configuration order of repetition ``rep``: rotated by one each repetition."""
+    k = rep % len(configs)
+    return configs[k:] + configs[:k]
+
+
+def run_benchmark(reps: int, steps: int, configs: list[str], tools: dict[str, Any]) -> dict[str, Any]:
+    """Interleaved fits; per config and repetition: median/mean step time (ms) and hook time (us/step)."""
+    batches = make_batches(steps)
+    for config in configs:  # warm-up round, not recorded: lazy imports, allocator, caches
+        fit_once(config, 2 * WARMUP_STEPS + 10, Batches(batches.batches[:2 * WARMUP_STEPS + 10]), tools)
+    raw: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for rep in range(reps):
+        order = rotated(configs, rep)
+        line = []
+        for config in order:
+            r = fit_once(config, steps, batches, tools)
+            entry = {
+                "rep": rep,
+                "position": order.index(config),
+                "median_step_ms": statistics.median(r["step_s"]) * 1e3,
+                "mean_step_ms": statistics.fmean(r["step_s"]) * 1e3,
+                "thread_cpu_ms_per_step": r["cpu_ms"]["thread"],
+                "process_cpu_ms_per_step": r["cpu_ms"]["process"],
+                "steps_timed": len(r["step_s"]),
+            }
+            if "hook_us" in r:
+                entry["hook_us_per_step"] = r["hook_us"]
+            raw[config].append(entry)
+            line.append(f"{config} {entry['median_step_ms']:.3f}")
+        print(f"  rep {rep + 1}/{reps}: " + ", ".join(line) + " (median ms/step)", flush=True)
+    return raw
+
+
+def summarise(raw: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per config: medians over repetitions of step time and CPU time (ms), of the per-rep ratios to
+    plain (each from fits of the same repetition) and of the hook time (us/step)."""
+    plain = {e["rep"]: e for e in raw["plain"]}
+
+    def ratios(entries: list[dict[str, Any]], key: str) -> list[float]:
+        return [e[key] / plain[e["rep"]][key] for e in entries]
+
+    summary = {}
+    for config, entries in raw.items():
+        s: dict[str, Any] = {
+            "reps": len(entries),
+            "median_step_ms": statistics.median(e["median_step_ms"] for e in entries),
+            "mean_step_ms": statistics.median(e["mean_step_ms"] for e in entries),
+            "thread_cpu_ms_per_step": statistics.median(e["thread_cpu_ms_per_step"] for e in entries),
+            "process_cpu_ms_per_step": statistics.median(e["process_cpu_ms_per_step"] for e in entries),
+            "ratio_vs_plain": statistics.median(ratios(entries, "median_step_ms")),
+            "ratio_vs_plain_per_rep": ratios(entries, "median_step_ms"),
+            "mean_ratio_vs_plain": statistics.median(ratios(entries, "mean_step_ms")),
+            "thread_cpu_ratio_vs_plain": statistics.median(ratios(entries, "thread_cpu_ms_per_step")),
+            "process_cpu_ratio_vs_plain": statistics.median(ratios(entries, "process_cpu_ms_per_step")),
+        }
+        if entries and "hook_us_per_step" in entries[0]:
+            s["callback_us_per_step"] = statistics.median(e["hook_us_per_step"]["mean"] for e in entries)
+            s["callback_us_per_step_median_step"] = statistics.median(e["hook_us_per_step"]["median"]
+                                                                      for e in entries)
+            s["callback_cpu_us_per_step"] = statistics.median(e["hook_us_per_step"]["cpu_mean"] for e in entries)
+        summary[config] = s
+    return summary
+
+
+def profile_energy_hooks(steps: int, tools: dict[str, Any], top: int = 25) -> str:
+    """cProfile of ``EnergyCallback``'s per-step hooks only (one extra fit); the top functions as text."""
+    profiler = cProfile.Profile()
+    fit_once("energy", steps, make_batches(steps), tools, profiler=profiler)
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+# ------------------------------------------------------------------------------------------ output
+def format_table(summary: dict[str, dict[str, Any]]) -> str:
+    """The console table: medians over repetitions."""
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    head = (f"{'config':<11} {'median step ms':>14} {'ratio vs plain':>14} {'mean-step ratio':>15} "
+            f"{'thread-CPU ratio':>16} {'process-CPU ratio':>17} {'callback us/step':>16} "
+            f"{'(median step)':>13} {'(CPU)':>6} {'reps':>4}")
+    rows = [head, "-" * len(head)]
+    for config, s in summary.items():
+        rows.append(f"{config:<11} {s['median_step_ms']:>14.3f} {s['ratio_vs_plain']:>14.4f} "
+                    f"{s['mean_ratio_vs_plain']:>15.4f} {s['thread_cpu_ratio_vs_plain']:>16.4f} "
+                    f"{s['process_cpu_ratio_vs_plain']:>17.4f} {us(s.get('callback_us_per_step')):>16} "
+                    f"{us(s.get('callback_us_per_step_median_step')):>13} {us(s.get('callback_cpu_us_per_step')):>6} "
+                    f"{s['reps']:>4}")
+    return "\n".join(rows)
+
+
+def machine_info() -> dict[str, Any]:
+    """Versions, threads and CPU of this machine."""
+    import lightning
+
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
+    for name in ("codecarbon", "zeus"):
+        with contextlib.suppress(Exception):
+            info[name] = sys.modules[name].__version__ if name in sys.modules else None
+    return info
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's per-fit info lines and the warnings expected on this set-up."""
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning_energy"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*lightning-energy.*")
+    warnings.filterwarnings("ignore", message=".*RAPL.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning's pytree shim on torch 2.13
+    warnings.filterwarnings("ignore", category=UserWarning, module="zeus")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5, help="repetitions of the interleaved round (default 5)")
+    parser.add_argument("--steps", type=int, default=400, help="training steps per fit (default 400)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
+    parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
+                        help="cProfile EnergyCallback's hooks in one extra fit (auto: if over the goal)")
+    args = parser.parse_args(argv)
+    if args.reps < 1 or args.steps <= 2 * WARMUP_STEPS:
+        parser.error(f"need --reps >= 1 and --steps > {2 * WARMUP_STEPS}")
+
+    quiet_lightning()
+    tools = {"codecarbon": load_codecarbon(), "zeus": load_zeus()}
+    configs = [c for c in CONFIGS if c in ("plain", "energy") or tools[c] is not None]
+    notes = [f"{c} not installed: skipped" for c in CONFIGS if c not in configs]
+    if "zeus" in configs:
+        notes.append(ZEUS_NOTE)
+    notes.append("callback us/step: EnergyCallback's (or the Zeus callback's) on_train_batch_start + "
+                 "on_train_batch_end wall time, mean per step after warm-up (includes the logging steps; the "
+                 "goal is judged on it); (median step): a typical step; (CPU): the thread's CPU time in the "
+                 "hooks, mean per step (not inflated by preemption); the cost the sampling thread imposes on "
+                 "the training thread shows in the step-time ratio only")
+    notes.append("ratio vs plain: median over repetitions of (median step time / plain's median step time "
+                 "in the same repetition); mean-step ratio: the same with mean step times; thread-CPU ratio: "
+                 "the training thread's CPU time per step (not inflated by other processes, blind to GIL waits); "
+                 "process-CPU ratio: CPU time of all threads per step (includes sampling threads)")
+
+    print(f"overhead benchmark: {args.reps} reps x {len(configs)} configs x {args.steps} steps "
+          f"({WARMUP_STEPS} warm-up steps per fit not timed), torch threads {torch.get_num_threads()}", flush=True)
+    started = time.perf_counter()
+    load_start = os.getloadavg()
+    raw = run_benchmark(args.reps, args.steps, configs, tools)
+    summary = summarise(raw)
+    energy = summary["energy"]
+    goals = {
+        "step_time_ratio": {"goal_max": GOAL_RATIO, "measured": energy["ratio_vs_plain"],
+                            "met": energy["ratio_vs_plain"] <= GOAL_RATIO},
+        "callback_us_per_step": {"goal_max": GOAL_CALLBACK_US, "measured": energy["callback_us_per_step"],
+                                 "met": energy["callback_us_per_step"] <= GOAL_CALLBACK_US},
+    }
+    print(f"\nplain step time (median over reps): {summary['plain']['median_step_ms']:.3f} ms "
+          f"(target about 5 ms on one thread)")
+    print(format_table(summary))
+    for name, g in goals.items():
+        print(f"goal {name}: {g['measured']:.4g} <= {g['goal_max']:g}: {'met' if g['met'] else 'NOT met'}")
+    for note in notes:
+        print(f"note: {note}")
+
+    profile = None
+    if args.profile == "always" or (args.profile == "auto" and not goals["callback_us_per_step"]["met"]):
+        profile = profile_energy_hooks(args.steps, tools)
+        print("\ncProfile of EnergyCallback's per-step hooks (one extra fit):\n" + profile)
+
+    result = {
+        "benchmark": "overhead",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.perf_counter() - started,
+        "settings": {"reps": args.reps, "steps": args.steps, "warmup_steps": WARMUP_STEPS, "configs": configs,
+                     "order": "rotated by one per repetition",
+                     "model": {"in": IN_FEATURES, "width": WIDTH, "hidden_layers": DEPTH, "classes": CLASSES,
+                               "batch": BATCH, "optimizer": "SGD"},
+                     "trainer": {"log_every_n_steps": 50, "logger": "TensorBoardLogger"},
+                     "energy_callback": {"verbose": False, "other_args": "defaults"},
+                     "codecarbon": {"tracker": "OfflineEmissionsTracker", "country_iso_code": "FRA",
+                                    "measure_power_secs": 1},
+                     "zeus": {"window": "per step", "sync_execution": False, "gpu_indices": [], "cpu_indices": []}},
+        "goals": goals,
+        "summary": summary,
+        "raw": raw,
+        "notes": notes,
+        "machine": {**machine_info(), "loadavg_1_5_15min_start": load_start,
+                    "loadavg_1_5_15min_end": os.getloadavg()},
+        **({"energy_hooks_profile": profile} if profile else {}),
+    }
+    write_json_atomic(args.out, result)
+    print(f"\nwrote {args.out} ({result['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
