@@ -16,6 +16,12 @@ from lightning_energy.commands import CommandError  # defined apart so `python -
 COMMANDS: dict[str, str] = {
     "show-report": "lightning_energy.commands.show_report",
     "estimate": "lightning_energy.commands.estimate",
+    "report": "lightning_energy.commands.report",
+    "compare": "lightning_energy.commands.compare",
+    "fit": "lightning_energy.commands.fit",
+    "sweep": "lightning_energy.commands.sweep",
+    "catalog": "lightning_energy.commands.catalog",
+    "bso-server": "lightning_energy.commands.bso_server",
 }
 
 

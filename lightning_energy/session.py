@@ -54,8 +54,13 @@ def open_meter_session(
     backend: str = "auto",
     interval_s: float = DEFAULT_INTERVAL_S,
     cuda_events: bool = True,
+    clock=None,
 ) -> MeterSession:
-    """Attach ``owner`` to the shared sampler with this rank's sensors and return its session."""
+    """Attach ``owner`` to the shared sampler with this rank's sensors and return its session.
+
+    ``clock``: where the meter's marks are put (a ``lightning_energy.clocks`` clock); by default host
+    time, or CUDA events on a CUDA device when ``cuda_events``.
+    """
     zeus = None
     notes: list[str] = []
     if sensors is None and backend == "auto" and (shared := _energy_callback_sensors(trainer, owner)) is not None:
@@ -65,16 +70,22 @@ def open_meter_session(
     sampler = get_sampler()
     names = sampler.acquire(owner, chosen, interval_s)
     root = trainer.strategy.root_device
-    clock = CudaEventClock(root) if root.type == "cuda" and cuda_events else None
+    if clock is None and root.type == "cuda" and cuda_events:
+        clock = CudaEventClock(root)
     meter = Meter(sampler, names, clock)
     sampler.add_meter(meter)
     return MeterSession(owner, sampler, meter, chosen, notes, zeus)
 
 
 def _energy_callback_sensors(trainer, owner) -> list[Sensor] | None:
+    """The sensors of an EnergyCallback in the same Trainer, whether it is set up before or after us."""
     from lightning_energy.callbacks.energy import EnergyCallback
 
     for callback in trainer.callbacks:
-        if callback is not owner and isinstance(callback, EnergyCallback) and callback.sensors_in_use:
+        if callback is owner or not isinstance(callback, EnergyCallback):
+            continue
+        if callback.sensors_in_use:
             return list(callback.sensors_in_use)
+        if callback.user_sensors is not None:
+            return rank_sensors(trainer, callback.user_sensors)[0]
     return None

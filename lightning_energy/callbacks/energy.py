@@ -95,6 +95,11 @@ class EnergyCallback(Callback):
         self._reset_run_state()
 
     @property
+    def user_sensors(self) -> list[Sensor] | None:
+        """The sensors given at construction (None: auto-detected)."""
+        return self._user_sensors
+
+    @property
     def sensors_in_use(self) -> list[Sensor]:
         """The sensors this rank reads during the current run (empty outside a run)."""
         return list(self._sensors) if self._meter is not None else []
@@ -208,11 +213,11 @@ class EnergyCallback(Callback):
         log_now = self._log_every > 0 and (step + 1) % self._log_every == 0
         meter.add_window(self._step_start, end, tag=self._epoch, info=(step, end), keep=log_now)
         if meter.results:
-            self._log_step_results(trainer, progress_bar=True)
+            self._log_step_results(trainer)
         if len(self._sampler.failures) > self._failures_seen:
             self._warn_failures()
 
-    def _log_step_results(self, trainer: Trainer, progress_bar: bool = False) -> None:
+    def _log_step_results(self, trainer: Trainer) -> None:
         results = self._meter.results
         latest_total = None
         while results:
@@ -223,7 +228,7 @@ class EnergyCallback(Callback):
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=step)
-        if latest_total is not None and progress_bar:
+        if latest_total is not None:
             # Written straight into the progress bar's dict: `pl_module.log` costs ~1 ms per call here.
             trainer.progress_bar_metrics["energy_kJ"] = round(latest_total / 1000.0, 3)
 
@@ -352,7 +357,8 @@ class EnergyCallback(Callback):
         if trainer.sanity_checking or self._loop_start is None:
             return
         m = self._end_loop(trainer, pl_module, "val")
-        self._event("validation_end", epoch=trainer.current_epoch)
+        if self._trace is not None:
+            self._trace.event("validation_end", m.end_s, epoch=trainer.current_epoch)
         if trainer.state.fn == TrainerFn.FITTING:
             for name, joules in m.energy_J.items():
                 self._val_in_epoch[name] = self._val_in_epoch.get(name, 0.0) + joules

@@ -1,0 +1,1 @@
+"""Offline analysis of finished runs: trace loading, resampling, averaging, fits, plots."""

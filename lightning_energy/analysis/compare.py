@@ -1,0 +1,48 @@
+"""Comparison of runs: curves on an even grid averaged per group, and per-run and per-group totals."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_energy.analysis.resample import DEFAULT_RATE_HZ, mean_std, pad_and_mask, resample
+from lightning_energy.analysis.runs import Run, attribute
+
+ALL_RUNS = "all"
+
+
+def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarray]:
+    """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid."""
+    grid, power = resample(run.time_s, run.power_W, rate_hz, run.start_s, run.end_s)
+    _, energy = resample(run.time_s, run.energy_J, rate_hz, run.start_s, run.end_s)
+    return {"time_s": grid, "power_W": power, "energy_J": energy - energy[0]}
+
+
+def group_key(run: Run, by: str | None) -> str:
+    return ALL_RUNS if by is None else str(attribute(run, by))
+
+
+def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAULT_RATE_HZ) -> dict:
+    """Per-run totals and, per group (all runs, or by attribute ``by``), mean ± std curves and totals."""
+    rows, curves_by_group = [], {}
+    for run in runs:
+        key = group_key(run, by)
+        rows.append({"run": run.name, "group": key, "duration_s": run.duration_s, "energy_J": run.total_J,
+                     "mean_power_W": run.total_J / run.duration_s if run.duration_s > 0 else None,
+                     "edp_Js": run.edp_Js})
+        curves_by_group.setdefault(key, []).append(run_curves(run, rate_hz))
+    groups = {}
+    for key, curves in curves_by_group.items():
+        members = [r for r in rows if r["group"] == key]
+        power_mean, power_std, count = mean_std(pad_and_mask([c["power_W"] for c in curves]))
+        energy_mean, energy_std, _ = mean_std(pad_and_mask([c["energy_J"] for c in curves]))
+        longest = max(curves, key=lambda c: len(c["time_s"]))["time_s"]
+        groups[key] = {
+            "runs": len(curves),
+            "time_s": longest.tolist(),
+            "curve_power_W_mean": power_mean.tolist(), "curve_power_W_std": power_std.tolist(),
+            "curve_energy_J_mean": energy_mean.tolist(), "curve_energy_J_std": energy_std.tolist(),
+            "runs_at_time": count.tolist(),
+            **{f"{name}_{stat}": float(fn([m[name] for m in members]))
+               for name in ("energy_J", "duration_s", "edp_Js") for stat, fn in (("mean", np.mean), ("std", np.std))},
+        }
+    return {"by": by, "rate_hz": rate_hz, "runs": rows, "groups": groups}

@@ -1,0 +1,119 @@
+"""PNG figures of runs, drawn with matplotlib's Agg canvas (no display, no global backend change)."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lightning_energy.io import atomic_write_text
+
+DPI = 110
+
+
+def _figure(rows: int = 1, cols: int = 1, size=(8.0, 4.5)):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=DPI)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, axes
+
+
+def render_png(fig) -> bytes:
+    """The figure as PNG bytes."""
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def write_files(files: dict[Path, bytes | str]) -> list[Path]:
+    """Write every file through a temporary name and a rename (all rendered before any is written)."""
+    written = []
+    for path, content in files.items():
+        path = Path(path)
+        if isinstance(content, str):
+            written.append(atomic_write_text(path, content))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(content)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        written.append(path)
+    return written
+
+
+def power_figure(run) -> bytes:
+    """Total power over time with the epoch boundaries marked."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    t0 = run.start_s
+    ax.plot(run.time_s - t0, run.power_W, lw=1.0, label="power (all sensors)")
+    for i, e in enumerate(ev for ev in run.events if ev["event"] in ("epoch_start", "epoch_end")):
+        ax.axvline(e["time_s"] - t0, color="grey" if e["event"] == "epoch_start" else "black", ls=":", lw=0.8,
+                   label=None if i > 1 else e["event"].replace("_", " "))
+    ax.set(xlabel="time since fit start (s)", ylabel="power (W)", title=f"{run.name}: power")
+    ax.legend(loc="best", fontsize="small")
+    return render_png(fig)
+
+
+def cumulative_energy_figure(run) -> bytes:
+    """Cumulative energy per sensor and in total."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    t0 = run.start_s
+    base = np.interp(t0, run.time_s, run.energy_J)
+    ax.plot(run.time_s - t0, run.energy_J - base, lw=1.4, label="total")
+    for name, curve in run.sensor_energy_J.items():
+        ax.plot(run.time_s - t0, curve - np.interp(t0, run.time_s, curve), lw=0.9, label=name)
+    ax.set(xlabel="time since fit start (s)", ylabel="cumulative energy (J)", title=f"{run.name}: energy")
+    ax.legend(loc="best", fontsize="small")
+    return render_png(fig)
+
+
+def epoch_boxplots_figure(run, epochs: list[dict]) -> bytes:
+    """Box plots of the per-epoch energy and time."""
+    fig, axes = _figure(1, 2, size=(8.0, 4.0))
+    energy = [e["energy_J"] for e in epochs]
+    seconds = [e["duration_s"] for e in epochs]
+    axes[0][0].boxplot([energy], tick_labels=["epochs"])
+    axes[0][0].set(ylabel="energy per epoch (J)", title=f"{len(epochs)} epoch(s)")
+    axes[0][1].boxplot([seconds], tick_labels=["epochs"])
+    axes[0][1].set(ylabel="time per epoch (s)", title=run.name)
+    return render_png(fig)
+
+
+def band_figure(groups: dict[str, dict], key: str, ylabel: str, title: str) -> bytes:
+    """Mean ± std curves, one per group: ``groups[name] = {"time_s", "curve_<key>_mean", "curve_<key>_std"}``."""
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for name, g in groups.items():
+        t = np.asarray(g["time_s"])
+        mean = np.asarray(g[f"curve_{key}_mean"])
+        std = np.asarray(g[f"curve_{key}_std"])
+        ax.plot(t, mean, lw=1.2, label=f"{name} (n={g['runs']})")
+        ax.fill_between(t, mean - std, mean + std, alpha=0.25)
+    ax.set(xlabel="time since fit start (s)", ylabel=ylabel, title=title)
+    ax.legend(loc="best", fontsize="small")
+    return render_png(fig)
+
+
+def fit_figure(attribute: str, points: dict[str, tuple], fits: dict) -> bytes:
+    """Energy, time and EDP vs a numeric attribute, each with its quadratic fit and R²."""
+    fig, axes = _figure(1, len(points), size=(4.0 * len(points), 3.8))
+    for ax, (name, (x, y, unit)) in zip(axes[0], points.items()):
+        fit = fits[name]
+        ax.plot(x, y, "o", label="runs")
+        grid = np.linspace(min(x), max(x), 200)
+        ax.plot(grid, fit(grid), "-", label=f"quadratic, R²={fit.r2:.3f}")
+        ax.set(xlabel=attribute, ylabel=f"{name} ({unit})", title=f"{name} vs {attribute}")
+        ax.legend(loc="best", fontsize="small")
+    return render_png(fig)

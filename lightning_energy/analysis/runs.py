@@ -1,0 +1,251 @@
+"""A finished run read back from the files EnergyCallback left in its log dir.
+
+``energy_trace.csv`` gives, per sensor, the cumulative energy (J; blank cells between counter updates
+are filled by linear interpolation) and the power (W); ``energy_events.csv`` gives the fit and epoch
+boundaries; ``run_attributes.json`` (written by CatalogCallback and by ``lightning-energy sweep``) and
+Lightning's ``hparams.yaml`` give the attributes used to group runs. Traces of other ranks
+(``energy_trace_rank<N>.csv``) are added onto rank 0's time axis through their unix timestamps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lightning_energy.callbacks.catalog import RUN_ATTRIBUTES_FILE
+from lightning_energy.trace import EVENTS_FILE, TRACE_FILE, read_trace
+
+HPARAMS_FILE = "hparams.yaml"
+
+
+class RunError(ValueError):
+    """A run dir that cannot be analysed: missing or malformed files."""
+
+
+@dataclass
+class EpochRow:
+    """One epoch from the events: the whole epoch window and its validation part (J, s, W)."""
+
+    epoch: int
+    start_s: float
+    end_s: float
+    energy_J: float
+    validation_J: float
+    validation_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def mean_power_W(self) -> float:
+        return self.energy_J / self.duration_s if self.duration_s > 0 else math.nan
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "start_s": self.start_s, "end_s": self.end_s, "duration_s": self.duration_s,
+                "energy_J": self.energy_J, "train_J": self.energy_J - self.validation_J,
+                "validation_J": self.validation_J, "validation_s": self.validation_s,
+                "mean_power_W": self.mean_power_W, "edp_Js": self.energy_J * self.duration_s}
+
+
+@dataclass
+class Run:
+    """One run: time axis (s from the trace start), total power (W) and cumulative energy (J)."""
+
+    name: str
+    path: Path
+    time_s: np.ndarray
+    power_W: np.ndarray
+    energy_J: np.ndarray  # cumulative from 0 at the first sample
+    sensor_energy_J: dict[str, np.ndarray]  # cumulative per sensor (rank suffix for other ranks)
+    sensor_power_W: dict[str, np.ndarray]
+    events: list[dict]
+    attributes: dict = field(default_factory=dict)
+
+    @property
+    def start_s(self) -> float:
+        return self._event_time("fit_start", first=True, default=float(self.time_s[0]))
+
+    @property
+    def end_s(self) -> float:
+        return self._event_time("fit_end", first=False, default=float(self.time_s[-1]))
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def total_J(self) -> float:
+        return self.energy_between(self.start_s, self.end_s)
+
+    @property
+    def edp_Js(self) -> float:
+        return self.total_J * self.duration_s
+
+    def energy_between(self, start_s: float, end_s: float, sensor: str | None = None) -> float:
+        """Energy (J) between two times on the trace's axis, by linear interpolation of the cumulative energy.
+
+        Outside the samples (a fit boundary the sampler resolved by extrapolation, as the meter does when
+        samples are late) the sensor's first or last power is continued.
+        """
+        names = list(self.sensor_energy_J) if sensor is None else [sensor]
+        return float(sum(self._cumulative(n, end_s) - self._cumulative(n, start_s) for n in names))
+
+    def _cumulative(self, name: str, t: float) -> float:
+        curve, power, times = self.sensor_energy_J[name], self.sensor_power_W[name], self.time_s
+        if t > times[-1]:
+            return float(curve[-1] + power[-1] * (t - times[-1]))
+        if t < times[0]:
+            return float(curve[0] - power[0] * (times[0] - t))
+        return float(np.interp(t, times, curve))
+
+    @property
+    def extrapolated_s(self) -> float:
+        """Seconds of the fit (before the first or after the last sample) covered by extrapolation."""
+        return max(self.time_s[0] - self.start_s, 0.0) + max(self.end_s - self.time_s[-1], 0.0)
+
+    def sensor_totals_J(self) -> dict[str, float]:
+        return {name: self.energy_between(self.start_s, self.end_s, name) for name in self.sensor_energy_J}
+
+    def epochs(self) -> list[EpochRow]:
+        """Epochs with both a start and an end event, in order."""
+        starts = {e["epoch"]: e["time_s"] for e in self.events if e["event"] == "epoch_start"}
+        rows = []
+        for event in self.events:
+            if event["event"] != "epoch_end" or event["epoch"] not in starts:
+                continue
+            epoch, start, end = event["epoch"], starts[event["epoch"]], event["time_s"]
+            val_J = val_s = 0.0
+            open_at = None
+            for e in self.events:
+                if e["event"] == "validation_start" and start <= e["time_s"] <= end:
+                    open_at = e["time_s"]
+                elif e["event"] == "validation_end" and open_at is not None and e["time_s"] <= end:
+                    val_J += self.energy_between(open_at, e["time_s"])
+                    val_s += e["time_s"] - open_at
+                    open_at = None
+            rows.append(EpochRow(epoch, start, end, self.energy_between(start, end), val_J, val_s))
+        return rows
+
+    def _event_time(self, name: str, first: bool, default: float) -> float:
+        times = [e["time_s"] for e in self.events if e["event"] == name]
+        return (times[0] if first else times[-1]) if times else default
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run dir (the log dir of a fit with EnergyCallback); :class:`RunError` names what is wrong."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunError(f"run dir {path} does not exist or is not a directory")
+    trace_path = path / TRACE_FILE
+    if not trace_path.exists():
+        raise RunError(f"no {TRACE_FILE} in {path} (is it the log dir of a fit with EnergyCallback?)")
+    time_s, sensors, powers, unix_s = _read_one_trace(trace_path)
+    for extra in sorted(path.glob("energy_trace_rank*.csv")):
+        rank = extra.stem.rsplit("_rank", 1)[1]
+        _, s_r, p_r, u_r = _read_one_trace(extra)
+        for name in s_r:
+            sensors[f"{name}@rank{rank}"] = np.interp(unix_s, u_r, s_r[name])
+            powers[f"{name}@rank{rank}"] = np.interp(unix_s, u_r, p_r[name], left=0.0, right=0.0)
+    energy_J = np.sum(list(sensors.values()), axis=0)
+    power_W = np.sum(list(powers.values()), axis=0)
+    events = _read_events(path / EVENTS_FILE)
+    return Run(_run_name(path), path, time_s, power_W, energy_J, sensors, powers, events, _read_attributes(path))
+
+
+def _read_one_trace(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """(time s, cumulative J per sensor, power W per sensor, unix time s) of one trace file."""
+    try:
+        columns = read_trace(path)
+    except StopIteration:
+        raise RunError(f"{path} is empty") from None
+    except ValueError as err:
+        raise RunError(f"{path} is not a lightning-energy trace: {err}") from None
+    if "time_s" not in columns or "unix_time_s" not in columns:
+        raise RunError(f"{path} is not a lightning-energy trace: no time_s / unix_time_s columns")
+    names = [c[: -len(":energy_J")] for c in columns if c.endswith(":energy_J")]
+    if not names:
+        raise RunError(f"{path} has no <sensor>:energy_J column")
+    time_s = np.asarray(columns["time_s"], dtype=float)
+    if len(time_s) < 2 or not np.all(np.isfinite(time_s)) or np.any(np.diff(time_s) < 0):
+        raise RunError(f"{path} needs at least 2 samples with increasing time_s")
+    sensors, powers = {}, {}
+    for name in names:
+        raw = np.asarray(columns[f"{name}:energy_J"], dtype=float)
+        valid = np.isfinite(raw)
+        if not valid.any():
+            continue
+        cumulative = np.interp(time_s, time_s[valid], raw[valid])
+        sensors[name] = cumulative - cumulative[0]
+        watts = np.asarray(columns.get(f"{name}:power_W", [math.nan] * len(time_s)), dtype=float)
+        powers[name] = np.where(np.isfinite(watts), watts, 0.0)
+    if not sensors:
+        raise RunError(f"{path} has no energy readings")
+    return time_s, sensors, powers, np.asarray(columns["unix_time_s"], dtype=float)
+
+
+def _read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    events = []
+    try:
+        with open(path, newline="") as fh:
+            for row in csv.DictReader(fh):
+                events.append({"time_s": float(row["time_s"]), "event": row["event"],
+                               "epoch": int(row["epoch"]) if row.get("epoch") else None})
+    except (KeyError, ValueError, TypeError) as err:
+        raise RunError(f"{path} is not a lightning-energy events file ({type(err).__name__}: {err})") from None
+    return events
+
+
+def _read_attributes(path: Path) -> dict:
+    attributes: dict = {}
+    hparams = path / HPARAMS_FILE
+    if hparams.exists():
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(hparams.read_text()) or {}
+        except yaml.YAMLError:
+            loaded = {}
+        if isinstance(loaded, dict):
+            attributes.update({k: v for k, v in loaded.items() if isinstance(v, (int, float, str, bool))})
+    attributes_file = path / RUN_ATTRIBUTES_FILE
+    if attributes_file.exists():
+        try:
+            loaded = json.loads(attributes_file.read_text())
+        except json.JSONDecodeError as err:
+            raise RunError(f"{attributes_file} is not valid JSON ({err})") from None
+        if not isinstance(loaded, dict):
+            raise RunError(f"{attributes_file} must hold a JSON object")
+        attributes.update(loaded)
+    return attributes
+
+
+def _run_name(path: Path) -> str:
+    path = path.resolve()
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("version_") else path.name
+
+
+def load_runs(run_dirs: list) -> list[Run]:
+    """Several runs; names made unique by their parent folders where two coincide."""
+    runs = [load_run(d) for d in run_dirs]
+    names = [r.name for r in runs]
+    for run in runs:
+        if names.count(run.name) > 1:
+            run.name = str(run.path)
+    return runs
+
+
+def attribute(run: Run, name: str):
+    """A run attribute; :class:`RunError` if the run does not have it."""
+    if name not in run.attributes:
+        known = ", ".join(sorted(run.attributes)) or "none"
+        raise RunError(f"run {run.name} has no attribute {name!r} (it has: {known}); attributes come from "
+                       f"{RUN_ATTRIBUTES_FILE} or {HPARAMS_FILE} in the run dir")
+    return run.attributes[name]

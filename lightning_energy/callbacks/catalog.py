@@ -1,0 +1,296 @@
+"""CatalogCallback: every fit recorded in the run catalog, every checkpoint stamped with what it cost."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_energy import distributed
+from lightning_energy.carbon import JOULES_PER_KWH, world_average
+from lightning_energy.catalog import CATALOG_FILE, Catalog
+from lightning_energy.io import atomic_write_json
+from lightning_energy.meter import Mark, measure
+from lightning_energy.report import version
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.sensors.estimate import cpu_model_name
+from lightning_energy.session import MeterSession, open_meter_session
+
+CHECKPOINT_KEY = "energy_metadata"
+RUN_ATTRIBUTES_FILE = "run_attributes.json"
+
+
+class CatalogCallback(Callback):
+    """Record each fit in the SQLite run catalog and put the same energy metadata into each checkpoint.
+
+    A record (and ``checkpoint["energy_metadata"]``) holds: model class, parameter count, FLOPs per
+    training step (counted with ``torch.utils.flop_counter`` on the first step, or given), hardware,
+    precision, batch size, steps, epochs, energy per sensor and in total (J, continuing across
+    resumes), time (s), CO2e (g, with the intensity and PUE of a ``CarbonCallback`` in the Trainer,
+    else the labelled world average), final metrics, checkpoint path and config. The log dir gets
+    ``run_attributes.json`` (model, precision, batch size and ``config``) for
+    ``lightning-energy compare --by``. Nothing is logged as a metric.
+
+    Args:
+        catalog_path: the SQLite file (default ``<default_root_dir>/energy_catalog.sqlite``).
+        config: extra attributes of the run to store (JSON-serialisable dict).
+        flops_per_step: FLOPs of one training step, if known (skips counting).
+        count_flops: count the FLOPs of the first training step when not given.
+        sensors, backend, interval_s: as for ``EnergyCallback``; unused when an ``EnergyCallback`` listed
+            before this callback in the Trainer is present (its sensors are shared).
+    """
+
+    def __init__(
+        self,
+        catalog_path: str | Path | None = None,
+        config: dict | None = None,
+        flops_per_step: float | None = None,
+        count_flops: bool = True,
+        sensors: list[Sensor] | None = None,
+        backend: str = "auto",
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"`config` must be a dict, got {type(config).__name__}")
+        if flops_per_step is not None and (isinstance(flops_per_step, bool)
+                                           or not isinstance(flops_per_step, (int, float)) or not flops_per_step > 0):
+            raise ValueError(f"`flops_per_step` must be a number > 0 or None, got {flops_per_step!r}")
+        if not isinstance(count_flops, bool):
+            raise TypeError(f"`count_flops` must be a bool, got {type(count_flops).__name__}")
+        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        if backend not in BACKENDS:
+            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.catalog_path = None if catalog_path is None else Path(catalog_path)
+        self.config = dict(config or {})
+        self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
+        self.count_flops = count_flops
+        self.backend = backend
+        self.interval_s = float(interval_s)
+        self.record: dict | None = None
+        self.record_id: int | None = None
+        self._resumed: dict = {}
+        self._session: MeterSession | None = None
+        self._flop_counter = None
+        self._snapshot_cache: tuple[int, dict] | None = None
+        self._fit_start: Mark | None = None
+        self._running: tuple[Trainer, LightningModule] | None = None
+
+    # ---------------------------------------------------------------- set-up and tear-down
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._session is not None or stage != TrainerFn.FITTING:
+            return
+        path = self.catalog_path or Path(trainer.default_root_dir) / CATALOG_FILE
+        self._catalog = Catalog(path)
+        if trainer.is_global_zero:
+            self._catalog.ensure()  # an unwritable location fails here, before training
+        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
+        for note in self._session.notes:  # only when this callback detected sensors itself
+            rank_zero_warn(note)
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        self._fit_start: Mark | None = None
+        self._counted_flops: float | None = None
+        self._snapshot_cache: tuple[int, dict] | None = None
+        self.record, self.record_id = None, None
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._stop_flop_counter()
+        self._release()
+
+    def _release(self) -> None:
+        self._running = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    # ---------------------------------------------------------------- fit
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        meter = self._session.meter
+        self._fit_start = meter.wait(meter.mark())
+        self._running = (trainer, pl_module)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        wanted = self.count_flops and self.flops_per_step is None and self._counted_flops is None
+        if wanted and self._flop_counter is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._flop_counter = FlopCounterMode(display=False)
+            self._flop_counter.__enter__()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
+                           batch_idx: int) -> None:
+        if self._flop_counter is not None:
+            self._counted_flops = self._stop_flop_counter()
+
+    def _stop_flop_counter(self) -> float | None:
+        counter, self._flop_counter = self._flop_counter, None
+        if counter is None:
+            return None
+        try:
+            counter.__exit__(None, None, None)
+            return float(counter.get_total_flops())
+        except Exception as err:  # counting is a convenience: never break the fit over it
+            rank_zero_warn(f"lightning-energy: could not count FLOPs per step ({type(err).__name__}: {err})")
+            return math.nan
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._session is None or self._fit_start is None:
+            return
+        checkpoint[CHECKPOINT_KEY] = self._snapshot(trainer, pl_module)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        record = self._snapshot(trainer, pl_module, cache=False)
+        if not trainer.is_global_zero:
+            return
+        self.record = record
+        self.record_id = self._catalog.add(record)
+        attributes = {"model": record["model"], "precision": record["precision"], "batch_size": record["batch_size"],
+                      "parameters": record["parameters"], "catalog_id": self.record_id, **self.config}
+        atomic_write_json(self._log_dir / RUN_ATTRIBUTES_FILE, attributes)
+        rank_zero_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
+
+    # ---------------------------------------------------------------- the record
+    def _snapshot(self, trainer: Trainer, pl_module: LightningModule, cache: bool = True) -> dict:
+        """The metadata of the fit so far (collective: every rank calls it)."""
+        step = trainer.global_step
+        if cache and self._snapshot_cache is not None and self._snapshot_cache[0] == step:
+            return self._snapshot_cache[1]
+        meter = self._session.meter
+        now = meter.wait(meter.mark())
+        fit = measure(self._fit_start, now)
+        local = [{**s.describe(), "rank": trainer.global_rank, "energy_J": fit.energy_J.get(s.name, 0.0)}
+                 for s in self._session.sensors]
+        sensors = _add_resumed([s for rank in distributed.gather(trainer, local) for s in rank],
+                               self._resumed.get("sensors", []))
+        duration_s = max(distributed.gather(trainer, fit.duration_s)) + self._resumed.get("duration_s", 0.0)
+        energy_J = sum(s["energy_J"] for s in sensors)
+        intensity, pue = _intensity(trainer)
+        flops = self.flops_per_step if self.flops_per_step is not None else self._counted_flops
+        record = {
+            "created_unix_s": time.time(),
+            "tool": f"lightning-energy {version()}",
+            "run_dir": str(self._log_dir),
+            "model": f"{type(pl_module).__module__}.{type(pl_module).__qualname__}",
+            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "flops_per_step": flops if flops is not None and math.isfinite(flops) else None,
+            "hardware": _hardware(trainer),
+            "precision": str(trainer.precision),
+            "batch_size": _batch_size(trainer, pl_module),
+            "steps": trainer.global_step,
+            "epochs": trainer.current_epoch,
+            "duration_s": duration_s,
+            "energy_J": energy_J,
+            "energy_kWh": energy_J / JOULES_PER_KWH,
+            "estimated": any(s["estimated"] for s in sensors),
+            "sensors": sensors,
+            "gCO2e": energy_J / JOULES_PER_KWH * intensity.g_per_kWh * pue,
+            "intensity_g_per_kWh": intensity.g_per_kWh,
+            "intensity_label": intensity.label,
+            "pue": pue,
+            "checkpoint_path": _checkpoint_path(trainer),
+            "metrics": _scalar_metrics(trainer.callback_metrics),
+            "config": {"run": self.config, "trainer": _trainer_config(trainer), "hparams": _plain(pl_module.hparams)},
+        }
+        self._snapshot_cache = (step, record)
+        return record
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        if self._running is not None and self._session is not None:
+            record = self._snapshot(*self._running)  # cached for on_save_checkpoint at the same step
+        elif self._snapshot_cache is not None:
+            record = self._snapshot_cache[1]
+        else:
+            return dict(self._resumed)
+        return {"sensors": record["sensors"], "duration_s": record["duration_s"]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = dict(state_dict)
+
+
+def _add_resumed(sensors: list[dict], resumed: list[dict]) -> list[dict]:
+    """Add the energy a resumed checkpoint had recorded to this session's, matched by (rank, name)."""
+    before = {(s["rank"], s["name"]): s for s in resumed}
+    out = []
+    for s in sensors:
+        previous = before.pop((s["rank"], s["name"]), None)
+        out.append({**s, "energy_J": s["energy_J"] + (previous["energy_J"] if previous else 0.0)})
+    return out + list(before.values())
+
+
+def _intensity(trainer: Trainer):
+    from lightning_energy.callbacks.carbon import CarbonCallback
+
+    carbon = next((c for c in trainer.callbacks if isinstance(c, CarbonCallback)), None)
+    if carbon is not None:
+        return carbon.intensity, carbon.pue
+    return world_average("no CarbonCallback in the Trainer"), 1.0
+
+
+def _hardware(trainer: Trainer) -> str:
+    root = trainer.strategy.root_device
+    parts = [f"{type(trainer.accelerator).__name__.replace('Accelerator', '').lower()} x{trainer.num_devices}"
+             f" (world size {trainer.world_size})", f"cpu: {cpu_model_name() or 'unknown'}"]
+    if root.type == "cuda":
+        import torch
+
+        parts.append(f"gpu: {torch.cuda.get_device_name(root)}")
+    return "; ".join(parts)
+
+
+def _batch_size(trainer: Trainer, pl_module: LightningModule) -> int | None:
+    for hparams in (pl_module.hparams, getattr(trainer.datamodule, "hparams", {}) if trainer.datamodule else {}):
+        value = hparams.get("batch_size") if hasattr(hparams, "get") else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    loader = trainer.train_dataloader
+    value = getattr(loader, "batch_size", None)
+    return value if isinstance(value, int) else None
+
+
+def _checkpoint_path(trainer: Trainer) -> str | None:
+    callback = trainer.checkpoint_callback
+    if callback is None:
+        return None
+    return getattr(callback, "best_model_path", "") or getattr(callback, "last_model_path", "") or None
+
+
+def _scalar_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for name, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if math.isfinite(number):
+            out[name] = number
+    return out
+
+
+def _trainer_config(trainer: Trainer) -> dict:
+    return {
+        "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+        "limit_train_batches": trainer.limit_train_batches, "limit_val_batches": trainer.limit_val_batches,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches, "precision": str(trainer.precision),
+        "num_devices": trainer.num_devices, "world_size": trainer.world_size,
+    }
+
+
+def _plain(hparams) -> dict:
+    """Hyper-parameters as JSON-friendly values (others as their repr)."""
+    out = {}
+    for key, value in dict(hparams).items():
+        out[str(key)] = value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)
+    return out

@@ -1,0 +1,605 @@
+"""PowerLimitOptimizer: Zeus's GlobalPowerLimitOptimizer as a Lightning callback, measured by the shared meter.
+
+Why not wrap ``zeus.optimizer.power_limit.GlobalPowerLimitOptimizer`` itself: its constructor opens every
+GPU, turns on persistence mode and sets the maximum limit (at ``Trainer`` construction, before
+``setup`` could fail cleanly, and even where a dry run must not touch the card); it measures through its
+own ``ZeusMonitor`` windows (a synchronize and NVML reads on the training thread) instead of the one
+shared sampler; its all-reduce moves tensors to CUDA (no CPU/gloo DDP); it knows only the exhaustive
+sweep, no validation interruptions and no checkpoint state. What of Zeus fits is used as is: its state
+classes (``Ready``, ``Warmup``, ``Profiling``, ``Done``, limits in mW) with the same transitions, its
+selectors (``Energy``, ``Time``, ``ZeusCost``, ``MaxSlowdownConstraint``) for every choice, its profile
+file layout, and its device layer (``zeus.device.gpu.common.GPU``) for every read and write of the card.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lightning_energy import distributed
+from lightning_energy.io import atomic_write_json
+from lightning_energy.meter import Mark, measure
+from lightning_energy.power_limit import (
+    DEFAULT_TOLERANCE,
+    FIGURE_FILE,
+    PROFILE_FILE,
+    SEARCHES,
+    SELECTORS,
+    LimitProfile,
+    Objective,
+    limit_grid,
+    make_search,
+    profile_document,
+    profile_figure,
+    read_profile,
+    write_figure_png,
+    write_profile,
+)
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.session import MeterSession, open_meter_session
+
+DRY_RUN_FILE = "power_limit_dry_run.json"
+MILLI = 1000
+PERMISSION_FIXES = (
+    "Fixes: (1) run the Zeus daemon (zeusd) and export ZEUSD_SOCK_PATH=<its socket>, "
+    "see https://ml.energy/zeus/getting_started/#system-privileges; (2) give the process the SYS_ADMIN "
+    "capability, e.g. `docker run --cap-add SYS_ADMIN ...` (or run as root); (3) pass "
+    "PowerLimitOptimizer(dry_run=True) to see what would be profiled without touching the card."
+)
+
+
+def _zeus_states():
+    with contextlib.redirect_stdout(io.StringIO()):
+        from zeus.optimizer.power_limit import Done, Profiling, Ready, Warmup
+    return Ready, Warmup, Profiling, Done
+
+
+def rank_gpu(trainer: Trainer):
+    """Zeus's ``GPU`` object of this rank's CUDA device (``NVIDIAGPU``, or ``ZeusdNVIDIAGPU`` with zeusd)."""
+    root = trainer.strategy.root_device
+    if root.type != "cuda":
+        raise RuntimeError(
+            f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
+            "or pass gpu=lightning_energy.gpu_sim.SimulatedGPU(...) to run against the simulator."
+        )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            from zeus.device import get_gpus
+
+            gpus = get_gpus()
+        return gpus.gpus[root.index]
+    except Exception as err:
+        raise RuntimeError(f"PowerLimitOptimizer: Zeus cannot open GPU {root.index} ({type(err).__name__}: {err})") from err
+
+
+def default_limit_mW(gpu) -> int | None:
+    """The card's default limit (mW): NVML's default-limit query (read-only), or the simulator's."""
+    getter = getattr(gpu, "get_default_power_management_limit", None)
+    if getter is not None:
+        return int(getter())
+    handle = getattr(gpu, "handle", None)
+    if handle is None:
+        return None
+    import pynvml
+
+    return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+
+
+def limit_permission_problem(gpu) -> str | None:
+    """Why this process cannot set the card's limit, or None when it can (read-only check)."""
+    flag = getattr(gpu, "can_set_limits", None)
+    if flag is not None:
+        return None if flag else "the simulated GPU was created with can_set_limits=False"
+    with contextlib.redirect_stdout(io.StringIO()):
+        from zeus.device.common import has_sys_admin
+        from zeus.device.gpu.nvidia import ZeusdNVIDIAGPU
+    if isinstance(gpu, ZeusdNVIDIAGPU) or has_sys_admin():
+        return None
+    return "this process has no SYS_ADMIN capability and no Zeus daemon is configured (ZEUSD_SOCK_PATH is unset)"
+
+
+class PowerLimitOptimizer(Callback):
+    """Find the GPU power limit that minimises a time-energy cost while training, then train at it.
+
+    As Zeus's ``GlobalPowerLimitOptimizer``: after ``wait_steps`` training steps, each candidate limit
+    is set, warmed up for ``warmup_steps`` steps and profiled for ``profile_steps`` steps (a window from
+    the start of one step to the start of the step after the last); then the selector's choice is applied
+    for the rest of training. A window that an epoch end or a validation run interrupts is thrown away
+    and that limit profiled again. In DDP every rank measures its own GPU, energies are summed and times
+    take the slowest rank, rank 0 decides and broadcasts: every rank applies the same limit.
+
+    Energy is the device-scope energy measured by the shared sampler (this rank's GPU counter), as Zeus
+    counts GPU energy. The card's default limit is restored at fit end, on an exception and on Ctrl-C.
+
+    Logged metrics (rank zero, beside the loss):
+
+    - ``power_limit/current_W``: the limit in force, at every logging step and at each change (W).
+    - ``power_limit/<L>W/energy_per_step_J``, ``power_limit/<L>W/time_per_step_s``,
+      ``power_limit/<L>W/cost`` (unit per selector: J/step, s/step, or the slowdown ratio): each
+      profiled limit ``L``, when the choice is made.
+    - ``power_limit/chosen_W``: the chosen limit; ``power_limit/retried_windows``: interrupted windows.
+
+    Files in the log dir: ``power_limit_profile.json`` (Zeus's measurement layout plus per-step figures,
+    costs and quadratic fits), ``power_limit_profile.png`` (energy, time and cost vs limit with quadratic
+    fits and R²; also to TensorBoard as ``power_limit/profile``); with ``dry_run`` ``power_limit_dry_run.json``.
+
+    Args:
+        selector: ``"zeus_cost"`` (eta*E + (1-eta)*MaxPower*T), ``"energy"``, ``"time"`` or ``"max_slowdown"``.
+        eta_knob: eta of the ZeusCost selector, in [0, 1].
+        max_slowdown_factor: for ``"max_slowdown"``: the lowest limit at most this much slower than the maximum.
+        search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart) or ``"adaptive"`` (fewer limits:
+            coarse points and a quadratic model, exhaustive when the costs are not unimodal).
+        wait_steps, warmup_steps, profile_steps: steps before anything, per limit before and while measuring.
+        pl_step_W: spacing of the candidate limits (W).
+        profile_path: a profile file: loaded and used without profiling when it exists, written when not.
+        dry_run: never touch the card; profile the current limit only and report the limits that would be
+            profiled and the expected profiling steps, time and energy.
+        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.gpu_sim.SimulatedGPU``;
+            default: this rank's CUDA device through Zeus's ``get_gpus()``.
+        sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
+            shared auto-detected ones); only ``"device"``-scope sensors count.
+        tolerance: for ``search="adaptive"``: stop when no unprofiled limit is predicted to beat the best
+            cost by more than this fraction.
+    """
+
+    def __init__(
+        self,
+        selector: str = "zeus_cost",
+        eta_knob: float = 0.5,
+        max_slowdown_factor: float = 1.1,
+        search: str = "exhaustive",
+        wait_steps: int = 1,
+        warmup_steps: int = 10,
+        profile_steps: int = 40,
+        pl_step_W: int = 25,
+        profile_path: str | None = None,
+        dry_run: bool = False,
+        gpu: Any = None,
+        sensors: list[Sensor] | None = None,
+        tolerance: float = DEFAULT_TOLERANCE,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        log_figure: bool = True,
+    ) -> None:
+        super().__init__()
+        if selector not in SELECTORS:
+            raise ValueError(f"`selector` must be one of {SELECTORS}, got {selector!r}")
+        if search not in SEARCHES:
+            raise ValueError(f"`search` must be one of {SEARCHES}, got {search!r}")
+        for name, value, low in (("wait_steps", wait_steps, 0), ("warmup_steps", warmup_steps, 0),
+                                 ("profile_steps", profile_steps, 1), ("pl_step_W", pl_step_W, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
+        Objective(selector, eta_knob, max_slowdown_factor)  # validates eta_knob and max_slowdown_factor
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
+            raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        for flag, value in (("dry_run", dry_run), ("log_figure", log_figure)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        if profile_path is not None and not isinstance(profile_path, (str, Path)):
+            raise TypeError(f"`profile_path` must be a path or None, got {type(profile_path).__name__}")
+        if gpu is not None and not all(hasattr(gpu, m) for m in ("get_power_management_limit_constraints",
+                                                                 "set_power_management_limit",
+                                                                 "reset_power_management_limit")):
+            raise TypeError(f"`gpu` must be a zeus.device.gpu.common.GPU (e.g. SimulatedGPU), got {type(gpu).__name__}")
+        self.selector = selector
+        self.eta_knob = float(eta_knob)
+        self.max_slowdown_factor = float(max_slowdown_factor)
+        self.search = search
+        self.wait_steps, self.warmup_steps, self.profile_steps = wait_steps, warmup_steps, profile_steps
+        self.pl_step_W = pl_step_W
+        self.profile_path = Path(profile_path) if profile_path is not None else None
+        self.dry_run = dry_run
+        self.gpu = gpu
+        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        self.tolerance = float(tolerance)
+        self.interval_s = float(interval_s)
+        self.log_figure = log_figure
+        # results of the last fit
+        self.chosen_limit_W: int | None = None
+        self.profiles: dict[int, LimitProfile] = {}
+        self.retried_windows = 0
+        self.limits_profiled: list[int] = []  # every limit whose window completed, in order (this run)
+        self.profile_file: Path | None = None
+        self.figure_file: Path | None = None
+        self.dry_run_report: dict | None = None
+        self._resume: dict | None = None
+        self._session: MeterSession | None = None
+        self._state = None
+        self._restored = True
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(selector=self.selector, search=self.search)
+
+    # ---------------------------------------------------------------- set-up
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit" or self._session is not None:
+            return
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        gpu = self.gpu if self.gpu is not None else rank_gpu(trainer)
+        low_mW, high_mW = gpu.get_power_management_limit_constraints()
+        problem = None if self.dry_run else limit_permission_problem(gpu)
+        everyone = distributed.gather(trainer, {"limits_mW": (int(low_mW), int(high_mW)), "problem": problem})
+        problems = [f"rank {rank}: {row['problem']}" for rank, row in enumerate(everyone) if row["problem"]]
+        if problems:
+            raise RuntimeError(f"PowerLimitOptimizer cannot set GPU power limits ({'; '.join(problems)}). "
+                               + PERMISSION_FIXES)
+        if len({row["limits_mW"] for row in everyone}) > 1:
+            ranges = ", ".join(f"rank {r}: {row['limits_mW']}" for r, row in enumerate(everyone))
+            raise ValueError(f"PowerLimitOptimizer needs the same power-limit range on every GPU, got {ranges} (mW)")
+        self._gpu = gpu
+        self._min_W, self._max_W = int(low_mW) // MILLI, int(high_mW) // MILLI
+        default = default_limit_mW(gpu)
+        self._default_W = default // MILLI if default is not None else self._max_W
+        self._start_W = int(gpu.get_power_management_limit()) // MILLI
+        self._gpu_name = str(gpu.get_name())
+        self._grid = limit_grid(self._min_W, self._max_W, self.pl_step_W)
+        self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size)
+        self._strategy = make_search(self.search, self._grid, self._objective, self.tolerance)
+        if not self.dry_run:
+            self._ensure_persistence_mode(gpu)
+        self.profiles, self.limits_profiled, self.retried_windows = {}, [], 0
+        self.chosen_limit_W, self.dry_run_report = None, None
+        self._pending: tuple[int, Mark, Mark] | None = None
+        self._window_start: Mark | None = None
+        self._current_W = self._start_W
+        self._loaded_profile = False
+        if self.profile_path is not None and self.profile_path.exists() and not self.dry_run:
+            self._load_profile_file(self.profile_path)
+            self._state = Done(optimal_power_limit=self.chosen_limit_W * MILLI)
+        else:
+            first = self._start_W if self.dry_run else self._strategy.next_limit({})
+            self._state = Ready(next_power_limit=first * MILLI, steps=self.wait_steps + 1)
+        if self._resume is not None:
+            self._apply_resume(self._resume)
+        sensors = self._user_sensors
+        if sensors is None and hasattr(gpu, "energy_sensor"):
+            sensors = [gpu.energy_sensor()]
+        self._session = open_meter_session(trainer, self, sensors, interval_s=self.interval_s)
+        self._device_sensors = [s.name for s in self._session.sensors if s.scope == "device"]
+        if not self._device_sensors:
+            self._release()
+            raise RuntimeError("PowerLimitOptimizer found no device-scope energy sensor for this rank's GPU "
+                               f"(sensors: {[s.name for s in self._session.sensors] if self._session else []}); "
+                               "pass `sensors` with the GPU's sensor")
+        self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
+        self._log_every = max(int(trainer.log_every_n_steps), 0)
+        if not self.dry_run:
+            self._restored = False
+            atexit.register(self._restore_default)
+
+    def _ensure_persistence_mode(self, gpu) -> None:
+        """Persistence mode on, as Zeus does before changing limits (keeps the limit set between processes)."""
+        with contextlib.redirect_stdout(io.StringIO()):
+            from zeus.device.gpu import ZeusGPUNoPermissionError
+        try:
+            if not gpu.get_persistence_mode():
+                gpu.set_persistence_mode(True)
+        except ZeusGPUNoPermissionError as err:
+            raise RuntimeError(f"PowerLimitOptimizer cannot set GPU power limits ({err}). " + PERMISSION_FIXES) from err
+
+    def _load_profile_file(self, path: Path) -> None:
+        profiles, document = read_profile(path)
+        outside = [p.limit_W for p in profiles if not self._min_W <= p.limit_W <= self._max_W]
+        if outside:
+            raise ValueError(f"power-limit profile {path} holds limits {outside} W outside this GPU's range "
+                             f"[{self._min_W}, {self._max_W}] W; delete it or point `profile_path` elsewhere")
+        if document.get("gpu_name") not in (None, self._gpu_name):
+            rank_zero_warn(f"power-limit profile {path} was made on {document['gpu_name']!r}, this is {self._gpu_name!r}")
+        self.profiles = {p.limit_W: p for p in profiles}
+        self.chosen_limit_W = self._objective.select(self._ordered_profiles())
+        self._loaded_profile = True
+        rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._restore_default()
+        self._release()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._restore_default()
+        self._release()
+
+    def _release(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    # ---------------------------------------------------------------- the card
+    def _set_limit(self, trainer: Trainer, limit_W: int) -> None:
+        if self.dry_run:
+            raise AssertionError("a dry run never sets a limit")
+        if limit_W != self._current_W:
+            self._gpu.set_power_management_limit(limit_W * MILLI)
+            self._current_W = limit_W
+            self._log(trainer, {"power_limit/current_W": float(limit_W)})
+
+    def _restore_default(self) -> None:
+        """The card's default limit back (fit end, exception, Ctrl-C, interpreter exit)."""
+        if self._restored or self.dry_run:
+            return
+        self._restored = True
+        atexit.unregister(self._restore_default)
+        try:
+            self._gpu.reset_power_management_limit()
+            self._current_W = self._default_W
+        except Exception as err:  # the run is ending: tell, do not mask the original error
+            rank_zero_warn(f"PowerLimitOptimizer could not restore the default power limit of "
+                           f"{self._default_W} W ({type(err).__name__}: {err}); set it by hand: "
+                           f"nvidia-smi -pl {self._default_W}")
+
+    # ---------------------------------------------------------------- training
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        if not isinstance(self._state, Done):
+            self._check_epoch_fits_a_window(trainer)
+        if not self.dry_run:
+            target = self.chosen_limit_W if isinstance(self._state, Done) else self._max_W
+            self._set_limit(trainer, target)  # Zeus: the maximum before profiling starts
+        self._log(trainer, {"power_limit/current_W": float(self._current_W)})
+
+    def _check_epoch_fits_a_window(self, trainer: Trainer) -> None:
+        span = self.warmup_steps + self.profile_steps + 1
+        batches = trainer.num_training_batches
+        between_validations = trainer.val_check_batch if trainer.enable_validation else math.inf
+        room = min(batches, between_validations if between_validations else math.inf)
+        if room < span:
+            raise ValueError(
+                f"PowerLimitOptimizer: profiling one limit needs warmup_steps + profile_steps + 1 = {span} training "
+                f"batches in a row, but an epoch has {batches} (validation every {between_validations}); every window "
+                "would be interrupted. Lower `warmup_steps`/`profile_steps` or make epochs longer."
+            )
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        state = self._state
+        if isinstance(state, Done):
+            return
+        state.steps -= 1
+        if state.steps > 0:
+            return
+        if isinstance(state, Ready):
+            self._begin_limit(trainer, state.next_power_limit // MILLI)
+        elif isinstance(state, Warmup):
+            self._start_window(state.current_power_limit // MILLI)
+        else:
+            self._finish_window(trainer, state.current_power_limit // MILLI)
+
+    def _begin_limit(self, trainer: Trainer, limit_W: int) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        if not self.dry_run:
+            self._set_limit(trainer, limit_W)
+        if self.warmup_steps > 0:
+            self._state = Warmup(current_power_limit=limit_W * MILLI, steps=self.warmup_steps)
+        else:
+            self._start_window(limit_W)
+
+    def _start_window(self, limit_W: int) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        self._state = Profiling(current_power_limit=limit_W * MILLI, steps=self.profile_steps)
+        self._window_start = self._session.meter.mark()
+
+    def _finish_window(self, trainer: Trainer, limit_W: int) -> None:
+        end = self._session.meter.mark()
+        self._merge_pending(trainer)  # the previous window: resolved in the background long ago
+        self._pending = (limit_W, self._window_start, end)
+        self._window_start = None
+        self.limits_profiled.append(limit_W)
+        if self.dry_run:
+            self._finish_dry_run(trainer)
+            return
+        if self._strategy.needs_measurements:
+            self._merge_pending(trainer)  # a decision point: this window's figures are needed now
+            proposal = self._strategy.next_limit(self.profiles) if trainer.is_global_zero else None
+            next_W = trainer.strategy.broadcast(proposal, src=0)
+        else:
+            known = {**self.profiles, limit_W: None}
+            next_W = self._strategy.next_limit(known)
+        if next_W is None:
+            self._decide(trainer)
+        else:
+            self._begin_limit(trainer, next_W)
+
+    def _merge_pending(self, trainer: Trainer) -> None:
+        """Turn the last finished window into a profile: energy summed over ranks, time of the slowest."""
+        if self._pending is None:
+            return
+        limit_W, start, end = self._pending
+        self._pending = None
+        self._session.meter.wait(end)
+        m = measure(start, end)
+        local = (sum(m.energy_J.get(name, 0.0) for name in self._device_sensors), m.duration_s)
+        rows = distributed.gather(trainer, local)
+        self.profiles[limit_W] = LimitProfile(limit_W, sum(r[0] for r in rows), max(r[1] for r in rows),
+                                              self.profile_steps)
+
+    def _ordered_profiles(self) -> list[LimitProfile]:
+        return sorted(self.profiles.values(), key=lambda p: p.limit_W, reverse=True)  # Zeus's profiling order
+
+    def _decide(self, trainer: Trainer) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        self._merge_pending(trainer)
+        choice = self._objective.select(self._ordered_profiles()) if trainer.is_global_zero else None
+        self.chosen_limit_W = int(trainer.strategy.broadcast(choice, src=0))
+        self._state = Done(optimal_power_limit=self.chosen_limit_W * MILLI)
+        self._set_limit(trainer, self.chosen_limit_W)
+        rank_zero_info(f"PowerLimitOptimizer: {self.selector} picks {self.chosen_limit_W} W after profiling "
+                       f"{len(self.profiles)} of {len(self._grid)} limits ({self.search} search)")
+        if trainer.is_global_zero:
+            self._write_results(trainer)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any, batch_idx: int) -> None:
+        if self._log_every and (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % self._log_every == 0:
+            self._log(trainer, {"power_limit/current_W": float(self._current_W)})
+
+    # ---------------------------------------------------------------- interruptions
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._interrupt(trainer, "the end of a training epoch")
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking and self._state is not None:
+            self._interrupt(trainer, "a validation run")
+
+    def _interrupt(self, trainer: Trainer, reason: str) -> None:
+        """As Zeus on an epoch end: drop the window, profile that limit again from the next step."""
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        state = self._state
+        if not isinstance(state, (Warmup, Profiling)):
+            return
+        limit_W = state.current_power_limit // MILLI
+        rank_zero_info(f"PowerLimitOptimizer: {type(state).__name__.lower()} of {limit_W} W interrupted by {reason}; "
+                       "it is profiled again")
+        self._window_start = None
+        self.retried_windows += 1
+        self._state = Ready(next_power_limit=limit_W * MILLI, steps=1)
+        if not self.dry_run:
+            self._set_limit(trainer, self._max_W)
+
+    # ---------------------------------------------------------------- end of fit
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        if not isinstance(self._state, Done):
+            self._merge_pending(trainer)
+            rank_zero_warn(f"PowerLimitOptimizer: training ended before profiling finished ({len(self.profiles)} of "
+                           f"{len(self._grid)} limits profiled); no limit was chosen. Train longer or lower "
+                           "`profile_steps`/`warmup_steps`.")
+        self._restore_default()
+
+    def _write_results(self, trainer: Trainer) -> None:
+        ordered = self._ordered_profiles()
+        costs = self._objective.costs(ordered)
+        metrics = {"power_limit/chosen_W": float(self.chosen_limit_W),
+                   "power_limit/retried_windows": float(self.retried_windows)}
+        for p in ordered:
+            metrics[f"power_limit/{p.limit_W}W/energy_per_step_J"] = p.energy_per_step_J
+            metrics[f"power_limit/{p.limit_W}W/time_per_step_s"] = p.time_per_step_s
+            metrics[f"power_limit/{p.limit_W}W/cost"] = costs[p.limit_W]
+        self._log(trainer, metrics)
+        document = profile_document(
+            ordered, self._objective, self.chosen_limit_W, gpu_name=self._gpu_name,
+            limit_constraints_W=[self._min_W, self._max_W], default_limit_W=self._default_W,
+            pl_step_W=self.pl_step_W, search=self.search, wait_steps=self.wait_steps,
+            warmup_steps=self.warmup_steps, profile_steps=self.profile_steps, retried_windows=self.retried_windows,
+            loaded_from=str(self.profile_path) if self._loaded_profile else None,
+        )
+        self.profile_file = write_profile(self._log_dir / PROFILE_FILE, document)
+        if self.profile_path is not None and not self.profile_path.exists():
+            write_profile(self.profile_path, document)
+        if self.log_figure:
+            self._write_figure(trainer, ordered)
+
+    def _write_figure(self, trainer: Trainer, ordered: list[LimitProfile]) -> None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        figure = profile_figure(ordered, self._objective, self.chosen_limit_W)
+        self.figure_file = write_figure_png(figure, self._log_dir / FIGURE_FILE)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_figure("power_limit/profile", figure, global_step=trainer.global_step, close=False)
+
+    def _log(self, trainer: Trainer, metrics: dict) -> None:
+        if trainer.is_global_zero:
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    # ---------------------------------------------------------------- dry run
+    def _finish_dry_run(self, trainer: Trainer) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        self._merge_pending(trainer)
+        here = self.profiles.pop(self._start_W)
+        self._state = Done(optimal_power_limit=self._start_W * MILLI)
+        plan = self._strategy.plan()
+        per_limit = self.warmup_steps + self.profile_steps
+        steps = {"min": self.wait_steps + plan["min_limits"] * per_limit,
+                 "max": self.wait_steps + plan["max_limits"] * per_limit}
+        total = trainer.estimated_stepping_batches
+        problem = limit_permission_problem(self._gpu)
+        self.dry_run_report = {
+            "dry_run": True,
+            "gpu_name": self._gpu_name,
+            "limit_constraints_W": [self._min_W, self._max_W],
+            "default_limit_W": self._default_W,
+            "current_limit_W": self._start_W,
+            "can_set_limits": problem is None,
+            "permission_problem": problem,
+            "selector": self._objective.describe(),
+            **plan,
+            "candidate_limits_W": list(self._grid),
+            "steps_per_limit": per_limit,
+            "profiling_steps": steps,
+            "measured_at_current_limit": {"energy_per_step_J": here.energy_per_step_J,
+                                          "time_per_step_s": here.time_per_step_s},
+            "expected_profiling_time_s": {k: v * here.time_per_step_s for k, v in steps.items()},
+            "expected_profiling_energy_J": {k: v * here.energy_per_step_J for k, v in steps.items()},
+            "share_of_training": ({k: v / total for k, v in steps.items()}
+                                  if isinstance(total, (int, float)) and math.isfinite(total) and total > 0 else None),
+            "note": "time and energy are extrapolated from the current limit: lower limits draw less power per "
+                    "step but run slower",
+        }
+        if trainer.is_global_zero:
+            self.profile_file = atomic_write_json(self._log_dir / DRY_RUN_FILE, self.dry_run_report)
+            rank_zero_info(
+                f"PowerLimitOptimizer dry run: would profile {plan['min_limits']}-{plan['max_limits']} of "
+                f"{len(self._grid)} limits {self._grid} W ({self.search} search), {steps['min']}-{steps['max']} steps, "
+                f"about {self.dry_run_report['expected_profiling_time_s']['max']:.1f} s and "
+                f"{self.dry_run_report['expected_profiling_energy_J']['max']:.0f} J at most; "
+                f"{'the card allows it' if problem is None else 'but: ' + problem}. Report: {self.profile_file}"
+            )
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        if self._state is None:
+            return dict(self._resume or {})
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        state = self._state
+        if isinstance(state, (Warmup, Profiling)):  # an unfinished window is profiled again after a resume
+            state = Ready(next_power_limit=state.current_power_limit, steps=1)
+        pending = [self._pending[0]] if self._pending is not None else []
+        return {
+            "state": {"type": type(state).__name__, **state.dict()},
+            "profiles": [p.to_json() for p in self._ordered_profiles()],
+            "unmeasured_W": pending,
+            "chosen_limit_W": self.chosen_limit_W,
+            "retried_windows": self.retried_windows,
+            "grid_W": list(self._grid),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume = dict(state_dict)
+        if self._session is not None:  # already set up (Lightning restores callbacks after setup)
+            self._apply_resume(self._resume)
+
+    def _apply_resume(self, saved: dict) -> None:
+        Ready, Warmup, Profiling, Done = _zeus_states()
+        if not saved or "state" not in saved:
+            return
+        if saved.get("grid_W") != list(self._grid):
+            rank_zero_warn("PowerLimitOptimizer: the checkpoint was profiled over other limits "
+                           f"({saved.get('grid_W')} W); profiling starts again")
+            return
+        classes = {"Ready": Ready, "Warmup": Warmup, "Profiling": Profiling, "Done": Done}
+        fields = dict(saved["state"])
+        kind = fields.pop("type")
+        self.profiles = {int(row["power_limit"]): LimitProfile(int(row["power_limit"]), float(row["energy"]),
+                                                               float(row["time"]), int(row["steps"]))
+                         for row in saved.get("profiles", [])}
+        self.chosen_limit_W = saved.get("chosen_limit_W")
+        self.retried_windows = int(saved.get("retried_windows", 0))
+        state = classes[kind](**fields)
+        if isinstance(state, Ready) and saved.get("unmeasured_W"):
+            # the window that ended just before the checkpoint had no figures yet: profile it again first
+            state = Ready(next_power_limit=saved["unmeasured_W"][0] * MILLI, steps=1)
+        self._state = state
+        self._resume = None

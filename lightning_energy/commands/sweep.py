@@ -1,0 +1,86 @@
+"""``lightning-energy sweep --config configs/sweep_*.yaml``: precision x batch size x power limit x repetitions.
+
+Each run is a normal Lightning fit with EnergyCallback (its log dir under ``OUTPUT_DIR/runs/``), recorded
+in ``OUTPUT_DIR/energy_catalog.sqlite``. Prints the results table with the CERN study's estimate
+(energy per batch over 10 batches x batches) beside the measured energy, and writes
+``sweep_results.json`` and ``sweep_results.csv`` into the output dir. See :mod:`lightning_energy.sweep`;
+power limits are simulated.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from lightning_energy.commands.common import table
+
+HELP = "run a grid of fits (precision x batch size x simulated power limit x repetitions) and tabulate energy"
+RESULTS_JSON = "sweep_results.json"
+RESULTS_CSV = "sweep_results.csv"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--config", type=Path, required=True, help="sweep YAML, e.g. configs/sweep_tiny.yaml")
+    parser.add_argument("--output-dir", type=Path, default=None, help="overrides the config's output_dir")
+    parser.add_argument("--dry-run", action="store_true", help="print the run order and stop")
+
+
+def run(args) -> int:
+    from lightning_energy.cli import CommandError
+    from lightning_energy.io import atomic_write_json, atomic_write_text
+    from lightning_energy.sweep import (
+        SweepConfigError, load_config, quiet_lightning, run_name, run_one, summarise, sweep_order,
+    )
+
+    try:
+        config = load_config(args.config)
+    except SweepConfigError as err:
+        raise CommandError(f"{args.config}: {err}") from None
+    if args.output_dir is not None:
+        config.output_dir = args.output_dir
+    order = sweep_order(config.points(), config.repetitions, config.seed)
+    if args.dry_run:
+        for index, (repetition, point) in enumerate(order):
+            print(f"{index:>3}  {run_name(repetition, point)}")
+        return 0
+    rows = []
+    with quiet_lightning():
+        for index, (repetition, point) in enumerate(order):
+            try:
+                rows.append(run_one(config, repetition, point, index))
+            except Exception as err:
+                raise CommandError(f"run {run_name(repetition, point)} ({index + 1}/{len(order)}) failed: "
+                                   f"{type(err).__name__}: {err}") from None
+    summary = summarise(rows)
+    print(table(["#", "rep", "precision", "batch", "limit W*", "batches", "time s", "energy J", "train J",
+                 "CERN est J", "est/train", "EDP J*s", "gCO2e"],
+                [[r["order"], r["repetition"], r["precision"], r["batch_size"], r["power_limit_W"], r["batches"],
+                  r["duration_s"], r["energy_J"], r["train_J"], r["cern_estimate_J"], r["cern_vs_train"], r["edp_Js"],
+                  r["gCO2e"]] for r in rows]))
+    print()
+    print(table(["precision", "batch", "limit W*", "runs", "time s", "± std", "energy J", "± std", "EDP J*s"],
+                [[s["precision"], s["batch_size"], s["power_limit_W"], s["runs"], s["duration_s_mean"],
+                  s["duration_s_std"], s["energy_J_mean"], s["energy_J_std"], s["edp_Js_mean"]] for s in summary]))
+    notes = [f"CERN est: mean energy of {config.cern_batches} training batches x batches trained (steps only; "
+             "train J is the measured training energy including data loading)"]
+    if any(r["power_limit_W"] is not None for r in rows):
+        notes.append("* power limits are SIMULATED: they cap a simulated sensor's draw and do not slow computation")
+    if any(r["estimated"] for r in rows):
+        notes.append("energies are ESTIMATES (no power sensor on this machine)")
+    print("\n".join(notes))
+    document = {"name": config.name, "config": str(args.config), "seed": config.seed, "repetitions": config.repetitions,
+                "runs": rows, "summary": summary, "notes": notes}
+    print(f"wrote {atomic_write_json(config.output_dir / RESULTS_JSON, document)}")
+    print(f"wrote {atomic_write_text(config.output_dir / RESULTS_CSV, _csv(rows))}")
+    return 0
+
+
+def _csv(rows: list[dict]) -> str:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return out.getvalue()

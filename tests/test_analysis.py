@@ -1,0 +1,160 @@
+"""Resampling, masked averaging, quadratic fits and run loading, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lightning_energy.analysis.compare import compare_runs
+from lightning_energy.analysis.fit import quadratic_fit
+from lightning_energy.analysis.resample import even_grid, mean_std, pad_and_mask, resample
+from lightning_energy.analysis.runs import RunError, attribute, load_run
+from workbench_helpers import write_run
+
+
+# ---------------------------------------------------------------- resampling
+def test_even_grid_at_4_hz_includes_the_end_when_it_falls_on_the_grid():
+    assert even_grid(1.0).tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert even_grid(0.9).tolist() == [0.0, 0.25, 0.5, 0.75]
+    assert even_grid(0.0).tolist() == [0.0]
+    assert even_grid(1.0, rate_hz=2.0).tolist() == [0.0, 0.5, 1.0]
+    with pytest.raises(ValueError, match="rate"):
+        even_grid(1.0, rate_hz=0)
+
+
+def test_cubic_resampling_reproduces_a_quadratic_on_uneven_samples():
+    t = [0.0, 0.3, 0.7, 1.1, 1.6, 2.0]
+    grid, values = resample(t, [x**2 for x in t])  # 4 Hz, cubic
+    assert grid.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    np.testing.assert_allclose(values, grid**2, rtol=0, atol=1e-12)
+
+
+def test_resampling_window_is_relative_to_its_start():
+    t = [0.0, 0.3, 0.7, 1.1, 1.6, 2.0]
+    grid, values = resample(t, [x**2 for x in t], start_s=0.3, end_s=1.6)
+    assert grid.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    np.testing.assert_allclose(values, (0.3 + grid) ** 2, atol=1e-12)
+
+
+def test_few_points_fall_back_to_linear_and_nan_samples_are_dropped():
+    grid, values = resample([0.0, 1.0, 2.0], [0.0, 1.0, 4.0], rate_hz=2.0)
+    assert values.tolist() == [0.0, 0.5, 1.0, 2.5, 4.0]  # linear between the three points
+    grid, values = resample([0.0, 0.5, 1.0, 1.5, 2.0], [0.0, math.nan, 1.0, 1.5, 2.0], rate_hz=1.0, kind="linear")
+    assert values.tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match="at least 2"):
+        resample([0.0], [1.0])
+    with pytest.raises(ValueError, match="outside"):
+        resample([0.0, 1.0], [0.0, 1.0], end_s=2.0)
+
+
+def test_padding_masks_the_shorter_runs_and_the_mean_uses_only_runs_still_going():
+    stacked = pad_and_mask([[1.0, 2.0, 3.0, 4.0], [3.0, 4.0], [5.0]])
+    assert stacked.shape == (3, 4)
+    assert stacked.mask.tolist() == [[False] * 4, [False, False, True, True], [False, True, True, True]]
+    mean, std, count = mean_std(stacked)
+    assert mean.tolist() == [3.0, 3.0, 3.0, 4.0]  # (1+3+5)/3, (2+4)/2, 3, 4
+    np.testing.assert_allclose(std, [math.sqrt(8 / 3), 1.0, 0.0, 0.0], atol=1e-15)
+    assert count.tolist() == [3, 2, 1, 1]
+
+
+def test_compare_of_runs_of_different_lengths(tmp_path):
+    long_run = write_run(tmp_path / "a", {"gpu": 100.0}, duration_s=2.0, attributes={"precision": "32"})
+    short_run = write_run(tmp_path / "b", {"gpu": 200.0}, duration_s=1.0, attributes={"precision": "16"})
+    result = compare_runs([load_run(long_run), load_run(short_run)])
+    group = result["groups"]["all"]
+    assert group["runs"] == 2
+    assert group["time_s"] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    # both runs up to 1 s: power (100 + 200) / 2 = 150 ± 50; after, only the 100 W run
+    np.testing.assert_allclose(group["curve_power_W_mean"], [150.0] * 5 + [100.0] * 4, atol=1e-9)
+    np.testing.assert_allclose(group["curve_power_W_std"], [50.0] * 5 + [0.0] * 4, atol=1e-9)
+    t = np.array(group["time_s"])
+    np.testing.assert_allclose(group["curve_energy_J_mean"], np.where(t <= 1.0, 150.0 * t, 100.0 * t), atol=1e-9)
+    np.testing.assert_allclose(group["curve_energy_J_std"], np.where(t <= 1.0, 50.0 * t, 0.0), atol=1e-9)
+    assert group["runs_at_time"] == [2] * 5 + [1] * 4
+    rows = {r["run"]: r for r in result["runs"]}
+    assert rows["a"]["energy_J"] == pytest.approx(200.0) and rows["a"]["edp_Js"] == pytest.approx(400.0)
+    assert rows["b"]["energy_J"] == pytest.approx(200.0) and rows["b"]["edp_Js"] == pytest.approx(200.0)
+    assert group["edp_Js_mean"] == pytest.approx(300.0) and group["edp_Js_std"] == pytest.approx(100.0)
+
+
+def test_grouping_by_an_attribute_averages_repetitions(tmp_path):
+    runs = [load_run(write_run(tmp_path / name, {"gpu": watts}, duration_s=1.0, attributes={"batch_size": size}))
+            for name, watts, size in (("r1", 100.0, 64), ("r2", 140.0, 64), ("r3", 300.0, 256))]
+    result = compare_runs(runs, by="batch_size")
+    assert set(result["groups"]) == {"64", "256"}
+    assert result["groups"]["64"]["runs"] == 2
+    assert result["groups"]["64"]["energy_J_mean"] == pytest.approx(120.0)
+    assert result["groups"]["64"]["energy_J_std"] == pytest.approx(20.0)
+    np.testing.assert_allclose(result["groups"]["256"]["curve_power_W_mean"], 300.0)
+    with pytest.raises(RunError, match="no attribute 'precision'"):
+        compare_runs(runs, by="precision")
+
+
+# ---------------------------------------------------------------- runs from files
+def test_a_run_is_read_back_from_trace_and_events(tmp_path):
+    folder = write_run(tmp_path / "run", {"gpu": 100.0, "cpu": 20.0}, duration_s=10.0, dt_s=0.5,
+                       epochs=[(1.0, 4.0, 3.0, 4.0), (4.5, 8.0)], counter_every=3)
+    run = load_run(folder)
+    assert run.duration_s == pytest.approx(10.0)
+    assert run.total_J == pytest.approx(1200.0)
+    assert run.sensor_totals_J() == pytest.approx({"gpu": 1000.0, "cpu": 200.0})
+    first, second = (e.as_dict() for e in run.epochs())
+    assert first["energy_J"] == pytest.approx(360.0) and first["validation_J"] == pytest.approx(120.0)
+    assert first["train_J"] == pytest.approx(240.0) and first["mean_power_W"] == pytest.approx(120.0)
+    assert second["duration_s"] == pytest.approx(3.5) and second["edp_Js"] == pytest.approx(420.0 * 3.5)
+    assert run.power_W.tolist() == [120.0] * len(run.time_s)
+
+
+def test_hparams_and_run_attributes_are_attributes(tmp_path):
+    folder = write_run(tmp_path / "run", {"gpu": 1.0}, duration_s=1.0, attributes={"precision": "bf16-mixed"})
+    (folder / "hparams.yaml").write_text("batch_size: 128\nlr: 0.001\nlayers: [1, 2]\n")
+    run = load_run(folder)
+    assert attribute(run, "precision") == "bf16-mixed"
+    assert attribute(run, "batch_size") == 128 and attribute(run, "lr") == 0.001
+    assert "layers" not in run.attributes  # only scalars
+
+
+# ---------------------------------------------------------------- quadratic fit
+def test_quadratic_fit_recovers_known_coefficients():
+    x = np.array([100.0, 150.0, 200.0, 250.0, 300.0])
+    fit = quadratic_fit(x, 2e-3 * x**2 - 0.9 * x + 150.0)
+    assert fit.a == pytest.approx(2e-3, rel=1e-9)
+    assert fit.b == pytest.approx(-0.9, rel=1e-9)
+    assert fit.c == pytest.approx(150.0, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+    assert fit.vertex_x == pytest.approx(225.0, rel=1e-9)
+    assert fit(200.0) == pytest.approx(2e-3 * 200**2 - 0.9 * 200 + 150.0)
+
+
+def test_r2_of_a_fit_that_explains_nothing_is_zero():
+    # at each x the two y values average to 1: the best quadratic is y = 1; SS_res = 2, SS_tot = 2
+    fit = quadratic_fit([-1, -1, 0, 0, 1, 1], [1, 1, 0, 2, 1, 1])
+    assert (fit.a, fit.b, fit.c) == pytest.approx((0.0, 0.0, 1.0), abs=1e-12)
+    assert fit.r2 == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("x, y, match", [
+    ([1, 2, 2], [1, 2, 3], "3 distinct x"),
+    ([1, 2, 3], [1, math.nan, 3], "finite"),
+    ([1, 2, 3], [1, 2], "same length"),
+])
+def test_quadratic_fit_rejects_unusable_points(x, y, match):
+    with pytest.raises(ValueError, match=match):
+        quadratic_fit(x, y)
+
+
+def test_other_ranks_traces_are_added_on_rank_zeros_time_axis(tmp_path):
+    folder = write_run(tmp_path / "run", {"gpu": 100.0}, duration_s=1.0)
+    other = write_run(tmp_path / "rank1", {"gpu": 50.0}, duration_s=1.0)
+    (folder / "energy_trace_rank1.csv").write_text((other / "energy_trace.csv").read_text())
+    run = load_run(folder)
+    assert run.sensor_totals_J() == pytest.approx({"gpu": 100.0, "gpu@rank1": 50.0})
+    assert run.total_J == pytest.approx(150.0)
+    np.testing.assert_allclose(run.power_W, 150.0)
+
+
+def test_runs_in_version_folders_are_named_with_their_parent(tmp_path):
+    run = load_run(write_run(tmp_path / "fit_a" / "version_3", {"gpu": 1.0}, duration_s=1.0))
+    assert run.name == "fit_a/version_3"

@@ -1,0 +1,146 @@
+"""ZeusBatchSizeOptimizer against Zeus's own BSO server on 127.0.0.1 with SQLite: three recurring fits.
+
+The server runs as a separate process from ``lightning_energy/bso_server.py`` under the first Python
+that can run it: ``$LIGHTNING_ENERGY_BSO_PYTHON``, ``.venv-bso/bin/python``, or this interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import lightning as L
+import pytest
+from conftest import trainer_kwargs
+from lightning_energy.callbacks.bso import BSOServerError, ZeusBatchSizeOptimizer
+from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "lightning_energy" / "bso_server.py"
+
+
+def server_python() -> str | None:
+    candidates = [os.environ.get("LIGHTNING_ENERGY_BSO_PYTHON"), str(REPO / ".venv-bso" / "bin" / "python"),
+                  sys.executable]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            check = subprocess.run([candidate, str(LAUNCHER), "--check"], capture_output=True, text=True, timeout=120)
+            if check.returncode == 0:
+                return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def bso_server(tmp_path_factory):
+    python = server_python()
+    if python is None:
+        pytest.skip("no Python here can run Zeus's BSO server: it needs fastapi>=0.119,<0.128, uvicorn, "
+                    "sqlalchemy[asyncio], aiosqlite and python-dotenv beside zeus (see lightning_energy/bso_server.py); "
+                    "create .venv-bso or set LIGHTNING_ENERGY_BSO_PYTHON")
+    folder = tmp_path_factory.mktemp("bso")
+    database = folder / "bso.sqlite3"
+    with socket.socket() as s:  # a free port on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(folder / "server.log", "w")
+    server = subprocess.Popen([python, str(LAUNCHER), "--host", "127.0.0.1", "--port", str(port),
+                               "--database", str(database)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"the BSO server exited: {(folder / 'server.log').read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("the BSO server did not start listening within 60 s")
+                time.sleep(0.2)
+        yield url, database
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def test_three_recurring_fits_honour_the_servers_batch_sizes(tmp_path, monkeypatch, bso_server):
+    url, database = bso_server
+    job_id = f"lightning-energy-test-{uuid.uuid4().hex[:8]}"
+    decisions, energies = [], []
+    for run in range(3):
+        clock = install_fake_time(monkeypatch.setattr)
+        gpu = SimulatedGPU(clock=clock)
+        client = ZeusBatchSizeOptimizer(url, job_id_prefix="lightning-energy-test", job_id=job_id,
+                                        batch_sizes=[32, 64, 128], default_batch_size=64, monitor="val/acc",
+                                        target_metric=0.5, max_epochs=5, gpu=gpu)
+        module = AccuracyModule()
+        trainer = L.Trainer(callbacks=[client, SimulatedWorkload(gpu=gpu)],
+                            **trainer_kwargs(tmp_path / f"run{run}", max_epochs=10, logger=False, num_sanity_val_steps=0))
+        trainer.fit(module)
+        b = client.batch_size
+        decisions.append(b)
+        assert set(module.trained_batches) == {b}  # the server's batch size is what trained
+        assert trainer.current_epoch == 3  # the server stopped it when val/acc reached 0.5, not max_epochs=10
+        assert [r["current_epoch"] for r in client.reports] == [1, 2, 3]
+        assert client.outcome["converged"] is True and client.outcome["stop_train"] is True
+        steps = 3 * (ROWS // b)
+        assert client.reports[-1]["energy"] == pytest.approx(steps * gpu.step_energy_J(300, b), rel=1e-9)
+        assert client.reports[-1]["time"] == pytest.approx(steps * gpu.step_time_s(300, b), rel=1e-9)
+        energies.append(client.reports[-1]["energy"])
+    assert decisions == [64, 32, 128]  # Zeus's pruning: the default, then smaller, then larger sizes
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT batch_size, status, converged, energy FROM Trial WHERE job_id = ? ORDER BY trial_number",
+                          (job_id,)).fetchall()
+    assert [(r[0], r[1], bool(r[2])) for r in rows] == [(64, "Succeeded", True), (32, "Succeeded", True),
+                                                       (128, "Succeeded", True)]
+    assert [r[3] for r in rows] == pytest.approx(energies, rel=1e-9)
+
+
+def test_unreachable_server_fails_before_training_naming_the_launcher(tmp_path, monkeypatch):
+    clock = install_fake_time(monkeypatch.setattr)
+    gpu = SimulatedGPU(clock=clock)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once the socket is closed
+    client = ZeusBatchSizeOptimizer(f"http://127.0.0.1:{port}", job_id_prefix="x", batch_sizes=[8, 16],
+                                    default_batch_size=8, gpu=gpu, timeout_s=2.0)
+    module = AccuracyModule()
+    trainer = L.Trainer(callbacks=[client], **trainer_kwargs(tmp_path, logger=False, num_sanity_val_steps=0))
+    with pytest.raises(BSOServerError, match="bso_server.py"):
+        trainer.fit(module)
+    assert module.trained_batches == []
+
+
+def test_invalid_job_is_refused_by_zeus_validation():
+    with pytest.raises(ValueError, match="Default BS\\(32\\) not in batch_sizes"):
+        ZeusBatchSizeOptimizer("http://127.0.0.1:1", job_id_prefix="x", batch_sizes=[8, 16], default_batch_size=32)
+    with pytest.raises(ValueError, match="server_url"):
+        ZeusBatchSizeOptimizer("127.0.0.1:8000", job_id_prefix="x", batch_sizes=[8], default_batch_size=8)
+
+
+def test_launcher_refuses_bad_arguments_without_starting(tmp_path):
+    run = subprocess.run([sys.executable, str(LAUNCHER), "--port", "0", "--database", str(tmp_path / "db.sqlite3")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--port" in run.stderr
+    assert not (tmp_path / "db.sqlite3").exists()
+
+
+def test_cli_command_reports_a_bad_port_in_one_line(capsys):
+    from lightning_energy.cli import main
+
+    assert main(["bso-server", "--port", "70000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--port must be in 1..65535" in err[0]

@@ -1,0 +1,242 @@
+"""The SQLite run catalog: round trip, concurrent writers, CatalogCallback, checkpoint metadata, CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import multiprocessing
+import sqlite3
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from lightning_energy import SimulatedSensor
+from lightning_energy.callbacks.carbon import CarbonCallback
+from lightning_energy.callbacks.catalog import CHECKPOINT_KEY, RUN_ATTRIBUTES_FILE, CatalogCallback
+from lightning_energy.catalog import CATALOG_FILE, Catalog, CatalogError
+from lightning_energy.cli import main
+
+WATTS = {"device": 120.0, "host": 30.0}
+
+
+def record(model: str = "pkg.Model", **overrides) -> dict:
+    base = {
+        "created_unix_s": 1.7e9, "run_dir": "/runs/a", "model": model, "parameters": 1234, "flops_per_step": 5.5e6,
+        "hardware": "cpu x1; cpu: test", "precision": "bf16-mixed", "batch_size": 512, "steps": 100, "epochs": 2,
+        "duration_s": 12.5, "energy_J": 1500.0, "estimated": False, "gCO2e": 0.2, "intensity_g_per_kWh": 475.0,
+        "intensity_label": "world average", "pue": 1.2, "checkpoint_path": "/runs/a/last.ckpt",
+        "metrics": {"val/loss": 0.25}, "config": {"lr": 0.001, "layers": [200, 100]},
+        "sensors": [{"name": "gpu0", "rank": 0, "scope": "device", "estimated": False, "source": "NVML",
+                     "energy_J": 1200.0},
+                    {"name": "rapl", "rank": 0, "scope": "host", "estimated": False, "source": "RAPL",
+                     "energy_J": 300.0}],
+    }
+    base.update(overrides)
+    return base
+
+
+def test_round_trip(tmp_path):
+    catalog = Catalog(tmp_path / CATALOG_FILE)
+    first = catalog.add(record())
+    second = catalog.add(record("pkg.Other", estimated=True, flops_per_step=None, sensors=[]))
+    assert (first, second) == (1, 2)
+    fit = catalog.get(first)
+    expected = record()
+    for key, value in expected.items():
+        if key != "sensors":
+            assert fit[key] == value, key
+    assert fit["sensors"] == expected["sensors"]
+    listed = catalog.list()
+    assert [f["id"] for f in listed] == [1, 2]
+    assert listed[1]["estimated"] is True and listed[1]["flops_per_step"] is None
+    rows = list(csv.DictReader(io.StringIO(catalog.export_csv())))
+    assert [r["model"] for r in rows] == ["pkg.Model", "pkg.Other"]
+    assert rows[0]["energy_J:gpu0"] == "1200.0" and rows[1]["energy_J:gpu0"] == ""
+    assert json.loads(rows[0]["config"]) == {"lr": 0.001, "layers": [200, 100]}
+    assert sqlite3.connect(tmp_path / CATALOG_FILE).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(CatalogError, match="no run catalog"):
+        Catalog(tmp_path / "missing.sqlite").list()
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_text("this is not a database, " * 100)
+    with pytest.raises(CatalogError, match="not a lightning-energy run catalog"):
+        Catalog(garbage).list()
+    catalog = Catalog(tmp_path / CATALOG_FILE)
+    catalog.add(record())
+    with pytest.raises(CatalogError, match="no fit with id 7"):
+        catalog.get(7)
+    with pytest.raises(CatalogError, match="model"):
+        catalog.add(record(model=""))
+    assert len(catalog.list()) == 1  # the rejected record left nothing behind
+
+
+def _writer(path: str, worker: int, count: int, barrier) -> None:
+    barrier.wait()
+    catalog = Catalog(path)
+    for i in range(count):
+        catalog.add(record(f"worker{worker}.fit{i}"))
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path, count = str(tmp_path / CATALOG_FILE), 60
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    workers = [context.Process(target=_writer, args=(path, w, count, barrier)) for w in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    fits = Catalog(path).list()
+    assert len(fits) == 2 * count
+    assert sorted(f["id"] for f in fits) == list(range(1, 2 * count + 1))
+    assert {f["model"] for f in fits} == {f"worker{w}.fit{i}" for w in range(2) for i in range(count)}
+    models = [f["model"] for f in fits]
+    assert not (models == sorted(models))  # the writers really interleaved
+    sensors = sqlite3.connect(path).execute("SELECT COUNT(*) FROM fit_sensors").fetchone()[0]
+    assert sensors == 2 * 2 * count
+
+
+# ---------------------------------------------------------------- CatalogCallback in fits
+def sensors():
+    return [SimulatedSensor("device", WATTS["device"]), SimulatedSensor("host", WATTS["host"], scope="host")]
+
+
+def test_each_fit_is_recorded_and_each_checkpoint_says_what_it_cost(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    catalog_cb = CatalogCallback(config={"experiment": "unit"}, sensors=sensors())
+    carbon = CarbonCallback(intensity_g_per_kWh=300.0, pue=1.25, sensors=sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[carbon, catalog_cb, ModelCheckpoint(dirpath=ckpt, save_last=True)],
+                        **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    fit = Catalog(tmp_path / CATALOG_FILE).get(catalog_cb.record_id)
+    assert fit["model"] == "conftest.TinyRegressor" and fit["parameters"] == 17
+    # one step of Linear(16 -> 1) on 16 rows: forward 2*16*16 FLOPs, weight gradient 2*16*16 FLOPs
+    assert fit["flops_per_step"] == 1024
+    assert (fit["precision"], fit["batch_size"], fit["steps"], fit["epochs"]) == ("32-true", 16, 20, 2)
+    by_name = {s["name"]: s["energy_J"] for s in fit["sensors"]}
+    assert by_name["device"] == pytest.approx(WATTS["device"] * fit["duration_s"], rel=1e-9)
+    assert fit["energy_J"] == pytest.approx(sum(WATTS.values()) * fit["duration_s"], rel=1e-9)
+    assert fit["gCO2e"] == pytest.approx(fit["energy_J"] / 3.6e6 * 300.0 * 1.25, rel=1e-12)
+    assert fit["metrics"]["train/loss"] > 0 and "val/loss" in fit["metrics"]
+    assert fit["config"]["run"] == {"experiment": "unit"} and fit["config"]["trainer"]["max_epochs"] == 2
+    assert fit["checkpoint_path"].endswith(".ckpt")
+    attributes = json.loads((tmp_path / "lightning_logs" / "version_0" / RUN_ATTRIBUTES_FILE).read_text())
+    assert attributes["catalog_id"] == fit["id"] and attributes["experiment"] == "unit"
+
+    stamped = torch.load(ckpt / "last.ckpt", weights_only=False)[CHECKPOINT_KEY]
+    assert stamped["steps"] == 20 and stamped["model"] == "conftest.TinyRegressor"
+    assert stamped["energy_J"] == pytest.approx(sum(WATTS.values()) * stamped["duration_s"], rel=1e-9)
+    assert 0 < stamped["energy_J"] <= fit["energy_J"]
+    assert stamped["gCO2e"] == pytest.approx(stamped["energy_J"] / 3.6e6 * 375.0, rel=1e-12)
+    first_epoch = torch.load(next(ckpt.glob("epoch=1*.ckpt")), weights_only=False)[CHECKPOINT_KEY]
+    assert first_epoch["energy_J"] == pytest.approx(stamped["energy_J"])  # both written after the last epoch
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_recorded_energy_continues_across_a_resume(tmp_path):
+    ckpt = tmp_path / "ckpt"
+
+    def fit(max_epochs, resume=None):
+        callback = CatalogCallback(sensors=sensors(), count_flops=False)
+        trainer = L.Trainer(callbacks=[callback, ModelCheckpoint(dirpath=ckpt, save_last=True)],
+                            **trainer_kwargs(tmp_path, max_epochs=max_epochs, enable_checkpointing=True))
+        trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48), ckpt_path=resume)
+        return callback
+
+    first = fit(1)
+    saved = torch.load(ckpt / "last.ckpt", weights_only=False)[CHECKPOINT_KEY]
+    second = fit(2, resume=ckpt / "last.ckpt")
+    session_s = second.record["duration_s"] - saved["duration_s"]
+    assert second.record["energy_J"] == pytest.approx(saved["energy_J"] + sum(WATTS.values()) * session_s, rel=1e-9)
+    assert second.record["energy_J"] > first.record["energy_J"]
+    assert second.record["flops_per_step"] is None
+    assert [f["id"] for f in Catalog(tmp_path / CATALOG_FILE).list()] == [1, 2]
+
+
+def test_unwritable_catalog_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    callback = CatalogCallback(catalog_path=blocker / "sub" / CATALOG_FILE, sensors=sensors())
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=1))
+    with pytest.raises((OSError, sqlite3.Error)):
+        trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(config=["a"]), TypeError, "config"),
+    (dict(flops_per_step=0), ValueError, "flops_per_step"),
+    (dict(count_flops="yes"), TypeError, "count_flops"),
+])
+def test_catalog_callback_arguments_are_validated(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        CatalogCallback(**kwargs)
+
+
+# ---------------------------------------------------------------- the catalog command
+def test_catalog_command_lists_shows_compares_and_exports(tmp_path, capsys):
+    catalog = Catalog(tmp_path / CATALOG_FILE)
+    catalog.add(record())
+    catalog.add(record("pkg.Small", energy_J=750.0, duration_s=10.0))
+    root = ["--root", str(tmp_path)]
+    assert main(["catalog", "list", *root]) == 0
+    out = capsys.readouterr().out
+    assert "Model" in out and "Small" in out and "1500.00" in out
+    assert main(["catalog", "show", "2", *root]) == 0
+    out = capsys.readouterr().out
+    assert "fit 2: pkg.Small" in out and "gpu0" in out and "val/loss" in out
+    assert main(["catalog", "show", "1", "--json", *root]) == 0
+    assert json.loads(capsys.readouterr().out)["energy_J"] == 1500.0
+    assert main(["catalog", "compare", "1", "2", *root]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert lines["energy_J"].split()[-1] == "0.5"  # 750 / 1500
+    assert main(["catalog", "export", str(tmp_path / "fits.csv"), *root]) == 0
+    assert capsys.readouterr().out.startswith("wrote ")
+    assert len(list(csv.DictReader(io.StringIO((tmp_path / "fits.csv").read_text())))) == 2
+    assert main(["catalog", "export", "-", "--catalog", str(tmp_path / CATALOG_FILE)]) == 0
+    assert capsys.readouterr().out.startswith("id,created_unix_s")
+
+
+def test_catalog_command_errors(tmp_path, capsys):
+    assert main(["catalog", "list", "--root", str(tmp_path)]) == 2
+    assert "no run catalog" in capsys.readouterr().err
+    Catalog(tmp_path / CATALOG_FILE).add(record())
+    assert main(["catalog", "show", "9", "--root", str(tmp_path)]) == 2
+    assert "no fit with id 9" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ddp_fit_is_recorded_once_with_both_ranks(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).resolve().parent / "workbench_ddp_fit.py"
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (fit,) = Catalog(tmp_path / CATALOG_FILE).list()
+    fit = Catalog(tmp_path / CATALOG_FILE).get(fit["id"])
+    owners = sorted((s["name"], s["rank"]) for s in fit["sensors"])
+    assert owners == [("device", 0), ("device", 1), ("host", 0)]
+    # the forecast is over the 1 J budget after the first epoch: rank zero decides, every rank stops
+    assert fit["steps"] == 10 and fit["epochs"] == 1 and fit["config"]["trainer"]["world_size"] == 2
+    stamped = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)[CHECKPOINT_KEY]
+    assert len(stamped["sensors"]) == 3 and stamped["energy_J"] > 0
+    (carbon_report,) = tmp_path.rglob("carbon_report.json")
+    carbon = json.loads(carbon_report.read_text())
+    assert [r["epoch"] for r in carbon["epochs"]] == [0]
+    assert carbon["total_gCO2e"] == pytest.approx(carbon["total_J"] / 3.6e6 * 500.0, rel=1e-12)
+    (forecast_report,) = tmp_path.rglob("forecast_report.json")
+    forecast = json.loads(forecast_report.read_text())
+    assert forecast["plan"]["total_batches"] == 20 and len(forecast["errors"]) == 1
+    assert forecast["budget"]["stopped"] is True

@@ -1,0 +1,249 @@
+"""The workbench commands: report, compare, fit, sweep; their errors on missing or malformed input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+
+from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from lightning_energy import EnergyCallback, SimulatedSensor
+from lightning_energy.catalog import CATALOG_FILE, Catalog
+from lightning_energy.cli import main
+from lightning_energy.sweep import SweepConfigError, load_config, parse_config, sweep_order
+from workbench_helpers import write_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ---------------------------------------------------------------- report
+def test_report_of_a_hand_made_run(tmp_path, capsys):
+    run = write_run(tmp_path / "run", {"gpu": 100.0, "cpu": 20.0}, duration_s=10.0, dt_s=0.5,
+                    epochs=[(1.0, 4.0, 3.0, 4.0), (4.5, 8.0)])
+    code, out, err = run_cli(capsys, "report", run, "--out", tmp_path / "plots")
+    assert code == 0, err
+    assert "10.00 s, 1200.00 J, mean 120.00 W" in out
+    assert "gpu" in out and "1000.00" in out and "83.33" in out
+    report = json.loads((tmp_path / "plots" / "trace_report.json").read_text())
+    assert report["total_J"] == pytest.approx(1200.0) and report["edp_Js"] == pytest.approx(12000.0)
+    assert [e["energy_J"] for e in report["epochs"]] == pytest.approx([360.0, 420.0])
+    assert report["epochs"][0]["validation_J"] == pytest.approx(120.0)
+    for name in ("power.png", "cumulative_energy.png", "epoch_boxplots.png"):
+        assert (tmp_path / "plots" / name).read_bytes().startswith(PNG_MAGIC), name
+
+
+def test_report_of_a_real_fit_agrees_with_the_energy_callback(tmp_path, capsys):
+    callback = EnergyCallback(sensors=[SimulatedSensor("device", 120.0), SimulatedSensor("host", 30.0, scope="host")],
+                              verbose=False, interval_s=0.005)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=2))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    code, out, err = run_cli(capsys, "report", trainer.log_dir)
+    assert code == 0, err
+    report = json.loads((Path(trainer.log_dir) / "energy_plots" / "trace_report.json").read_text())
+    assert report["total_J"] == pytest.approx(callback.report["total_J"], rel=1e-3)
+    assert report["duration_s"] == pytest.approx(callback.report["duration_s"], rel=1e-3)
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1]
+    for ours, theirs in zip(report["epochs"], callback.report["epochs"]):  # epoch windows: training + validation
+        assert ours["energy_J"] == pytest.approx(theirs["train_J"] + theirs["validation_J"], rel=1e-3)
+        assert ours["mean_power_W"] == pytest.approx(150.0, rel=1e-4)  # event times have 1 us resolution
+
+
+# ---------------------------------------------------------------- compare and fit
+def test_compare_groups_by_attribute_and_writes_plots(tmp_path, capsys):
+    runs = [write_run(tmp_path / name, {"gpu": watts}, duration_s=1.0, attributes={"precision": precision})
+            for name, watts, precision in (("a", 100.0, "32"), ("b", 140.0, "32"), ("c", 60.0, "16"))]
+    code, out, err = run_cli(capsys, "compare", *runs, "--by", "precision", "--out", tmp_path / "cmp")
+    assert code == 0, err
+    assert "precision" in out and "120.00" in out  # mean energy of the 32-bit pair
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert result["groups"]["32"]["runs"] == 2 and result["groups"]["16"]["energy_J_mean"] == pytest.approx(60.0)
+    assert [r["edp_Js"] for r in result["runs"]] == pytest.approx([100.0, 140.0, 60.0])
+    for name in ("compare_power.png", "compare_energy.png"):
+        assert (tmp_path / "cmp" / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_fit_recovers_a_quadratic_time_curve(tmp_path, capsys):
+    limits = [100, 150, 200, 250]
+    runs = []
+    for limit in limits:
+        seconds = 1e-5 * limit**2 - 0.004 * limit + 1.5  # 1.2, 1.125, 1.1, 1.125 s
+        runs.append(write_run(tmp_path / f"pl{limit}", {"gpu": float(limit)}, duration_s=seconds, dt_s=0.025,
+                              attributes={"power_limit_W": limit}))
+    code, out, err = run_cli(capsys, "fit", *runs, "--by", "power_limit_W", "--out", tmp_path / "fit")
+    assert code == 0, err
+    fits = json.loads((tmp_path / "fit" / "fit.json").read_text())["fits"]
+    assert fits["time"]["a"] == pytest.approx(1e-5, rel=1e-6)
+    assert fits["time"]["b"] == pytest.approx(-0.004, rel=1e-6)
+    assert fits["time"]["c"] == pytest.approx(1.5, rel=1e-6)
+    assert fits["time"]["r2"] == pytest.approx(1.0, abs=1e-9)
+    assert fits["time"]["vertex_x"] == pytest.approx(200.0, rel=1e-6)
+    assert 0.9 < fits["energy"]["r2"] <= 1.0  # energy = limit x time is cubic: close, not exact
+    assert (tmp_path / "fit" / "fit.png").read_bytes().startswith(PNG_MAGIC)
+    assert "R²" in out
+
+
+# ---------------------------------------------------------------- errors on bad run dirs
+def malformed_runs(tmp_path) -> dict[str, tuple[Path, str]]:
+    good = write_run(tmp_path / "good", {"gpu": 10.0}, duration_s=1.0, attributes={"precision": "32"})
+    cases = {"missing": (tmp_path / "nope", "does not exist")}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases["no trace"] = (empty, "no energy_trace.csv")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "energy_trace.csv").write_text("time_s,unix_time_s,gpu:energy_J\n0.0,1.0,abc\n")
+    cases["garbage"] = (garbage, "not a lightning-energy trace")
+    no_energy = tmp_path / "no_energy"
+    no_energy.mkdir()
+    (no_energy / "energy_trace.csv").write_text("time_s,unix_time_s,gpu:power_W\n0,1,5\n1,2,5\n")
+    cases["no energy column"] = (no_energy, "no <sensor>:energy_J column")
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "energy_trace.csv").write_text("")
+    cases["empty trace"] = (blank, "is empty")
+    one = tmp_path / "one_row"
+    one.mkdir()
+    (one / "energy_trace.csv").write_text("time_s,unix_time_s,gpu:energy_J\n0,1,0\n")
+    cases["one sample"] = (one, "at least 2 samples")
+    bad_events = write_run(tmp_path / "bad_events", {"gpu": 1.0}, duration_s=1.0)
+    (bad_events / "energy_events.csv").write_text("when,what\n1,2\n")
+    cases["bad events"] = (bad_events, "not a lightning-energy events file")
+    bad_attributes = write_run(tmp_path / "bad_attributes", {"gpu": 1.0}, duration_s=1.0)
+    (bad_attributes / "run_attributes.json").write_text("{oops")
+    cases["bad attributes"] = (bad_attributes, "not valid JSON")
+    return good, cases
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "fit"])
+def test_missing_or_malformed_run_dirs_exit_2_with_one_line(tmp_path, capsys, command):
+    good, cases = malformed_runs(tmp_path)
+    out_dir = tmp_path / "out"
+    for label, (path, message) in cases.items():
+        argv = [command, path, "--out", out_dir] if command == "report" else [command, good, path, "--out", out_dir]
+        if command == "fit":
+            argv += ["--by", "precision"]
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2, label
+        assert message in err, (label, err)
+        assert err.count("\n") == 1 and err.startswith(f"lightning-energy {command}: error:"), err
+    assert not out_dir.exists()  # nothing half-written
+
+
+def test_attribute_errors_of_compare_and_fit(tmp_path, capsys):
+    runs = [write_run(tmp_path / n, {"gpu": w}, duration_s=1.0, attributes={"precision": p, "bs": b})
+            for n, w, p, b in (("a", 10.0, "32", 64), ("b", 20.0, "16", 128))]
+    code, _, err = run_cli(capsys, "compare", *runs, "--by", "power_limit_W", "--out", tmp_path / "o")
+    assert code == 2 and "no attribute 'power_limit_W'" in err
+    code, _, err = run_cli(capsys, "fit", *runs, "--by", "precision", "--out", tmp_path / "o")
+    assert code == 2 and "not a finite number" in err  # precision '32' is a string
+    code, _, err = run_cli(capsys, "fit", *runs, "--by", "bs", "--out", tmp_path / "o")
+    assert code == 2 and "3 distinct x values" in err
+    code, _, err = run_cli(capsys, "compare", *runs, "--rate-hz", "0", "--out", tmp_path / "o")
+    assert code == 2 and "--rate-hz" in err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- sweep
+def test_sweep_order_is_a_permutation_of_the_grid_per_repetition():
+    points = [{"precision": p, "batch_size": b, "power_limit_W": None} for p in ("32-true", "bf16-mixed")
+              for b in (32, 64, 128)]
+    order = sweep_order(points, repetitions=4, seed=7)
+    assert len(order) == 24
+    blocks = [[point for rep, point in order[i * 6:(i + 1) * 6]] for i in range(4)]
+    for repetition, block in enumerate(blocks):
+        assert [rep for rep, _ in order[repetition * 6:(repetition + 1) * 6]] == [repetition] * 6
+        assert sorted(map(str, block)) == sorted(map(str, points))  # every point exactly once
+    assert len({tuple(map(str, block)) for block in blocks}) > 1  # orders differ between repetitions
+    assert sweep_order(points, 4, seed=7) == order  # reproducible from the seed
+
+
+def test_shipped_tiny_sweep_config_is_valid(capsys):
+    config = load_config(ROOT / "configs" / "sweep_tiny.yaml")
+    assert len(config.points()) == 8 and config.repetitions == 2
+    code, out, err = run_cli(capsys, "sweep", "--config", ROOT / "configs" / "sweep_tiny.yaml", "--dry-run")
+    assert code == 0, err
+    assert len(out.strip().splitlines()) == 16
+
+
+BASE_CONFIG = {
+    "model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
+    "grid": {"precision": ["32-true"], "batch_size": [32], "power_limit_W": [80, 110, 150]},
+    "sensors": {"simulated": {"device_W": 130, "host_W": 20}},
+    "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1},
+}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
+    ({"model": {"class_path": "lightning_energy.examples.Nope"}}, "has no class 'Nope'"),
+    ({"model": {"class_path": "no_such_module.Model"}}, "cannot import 'no_such_module'"),
+    ({"model": {"class_path": "conftest.TinyRegressor"}}, "takes no `batch_size`"),
+    ({"model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"batch_size": 8}}},
+     "set by the grid"),
+    ({"sensors": "auto"}, "power_limit_W is simulated"),
+    ({"grid": {"batch_size": [0]}}, "positive integers"),
+    ({"grid": {"batch_size": [32], "power_limit_W": [-5]}}, "watts > 0"),
+    ({"grid": {"batch_size": [32, 32]}}, "repeats a value"),
+    ({"grid": {"batch_size": [32], "gpus": [1]}}, "unknown grid axis"),
+    ({"trainer": {"precision": "16-mixed"}}, "trainer.precision is set by the sweep"),
+    ({"repetitions": 0}, "repetitions"),
+    ({"energy": {"interval": 0.1}}, r"`energy` has argument\(s\) \['interval'\]"),
+    ({"carbon": {"sensors": []}}, r"`carbon` has argument\(s\) \['sensors'\]"),
+])
+def test_sweep_config_errors_name_the_key(change, match):
+    with pytest.raises(SweepConfigError, match=match):
+        parse_config({**BASE_CONFIG, **change})
+
+
+def test_sweep_command_errors(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "sweep", "--config", tmp_path / "missing.yaml")
+    assert code == 2 and "does not exist" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    code, _, err = run_cli(capsys, "sweep", "--config", bad)
+    assert code == 2 and "not valid YAML" in err
+
+
+def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys):
+    import yaml
+
+    config = tmp_path / "sweep_test.yaml"
+    config.write_text(yaml.safe_dump({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "seed": 3,
+                                      "carbon": {"intensity_g_per_kWh": 100.0}}))
+    code, out, err = run_cli(capsys, "sweep", "--config", config)
+    assert code == 0, err
+    assert "CERN est J" in out and "SIMULATED" in out
+    results = json.loads((tmp_path / "out" / "sweep_results.json").read_text())
+    rows = results["runs"]
+    assert sorted(r["power_limit_W"] for r in rows) == [80, 110, 150]
+    for row in rows:
+        draw_W = min(130, row["power_limit_W"]) + 20  # the simulated device capped at the limit, plus the host
+        assert row["energy_J"] == pytest.approx(draw_W * row["duration_s"], rel=1e-9)
+        assert row["batches"] == 4 and row["epochs"] == 1
+        assert row["cern_sampled"] == 4  # fewer batches than the 10 to sample
+        assert row["cern_estimate_J"] == pytest.approx(row["cern_batch_J"] * row["batches"], rel=1e-12)
+        assert 0 < row["cern_estimate_J"] < row["train_J"]  # steps only: no data loading between them
+        recorded = Catalog(tmp_path / "out" / CATALOG_FILE).get(row["catalog_id"])
+        assert row["gCO2e"] == pytest.approx(recorded["energy_J"] / 3.6e6 * 100.0, rel=1e-12)
+    assert (tmp_path / "out" / "sweep_results.csv").read_text().startswith("run,")
+    assert len(Catalog(tmp_path / "out" / CATALOG_FILE).list()) == 3
+    run_dirs = [r["run_dir"] for r in rows]
+    code, out, err = run_cli(capsys, "compare", *run_dirs, "--by", "power_limit_W", "--out", tmp_path / "cmp",
+                             "--no-plots")
+    assert code == 0, err
+    groups = json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"]
+    assert set(groups) == {"80", "110", "150"}
+    code, out, err = run_cli(capsys, "fit", *run_dirs, "--by", "power_limit_W", "--out", tmp_path / "fit",
+                             "--no-plots")
+    assert code == 0, err
+    fits = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert fits["fits"]["energy"]["r2"] == pytest.approx(1.0, abs=1e-9)  # three points: an exact parabola

@@ -1,0 +1,450 @@
+"""PowerLimitOptimizer against the simulated GPU: Zeus's state machine, selectors, searches, safety, resume.
+
+Time is fake (see power_limit_helpers): every profiled energy and time is the simulator's exact figure,
+so the optimum of each selector is known in advance.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from conftest import trainer_kwargs
+from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
+from lightning_energy.gpu_sim import (
+    COMPUTE_BOUND,
+    MEMORY_BOUND,
+    SMALL_NET,
+    SimulatedGPU,
+    SimulatedWorkload,
+    StepModel,
+    installed_in_zeus,
+)
+from lightning_energy.power_limit import (
+    AdaptiveSearch,
+    ExhaustiveSweep,
+    LimitProfile,
+    Objective,
+    limit_grid,
+    read_profile,
+)
+from power_limit_helpers import RecordingLogger, SimModule, ValidatingSimModule, install_fake_time, loader
+
+HERE = Path(__file__).resolve().parent
+GRID = [300, 275, 250, 225, 200, 175, 150]
+# The simulator's known optimum per selector (compute-bound step of 256 samples, V100 limits; see gpu_sim).
+OPTIMUM = {"energy": 150, "time": 300, "zeus_cost": 225, "max_slowdown": 250}
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    return install_fake_time(monkeypatch.setattr)
+
+
+def fit(tmp_path, gpu, callback, batches=40, epochs=1, module=None, extra=(), ckpt_path=None, **overrides):
+    """Fit SimModule on ``batches`` batches of 256 with ``callback`` controlling ``gpu``."""
+    callback.gpu = gpu
+    logger = RecordingLogger()
+    kwargs = trainer_kwargs(tmp_path, max_epochs=epochs, logger=[logger], log_every_n_steps=5)
+    kwargs.update(overrides)
+    trainer = L.Trainer(callbacks=[callback, SimulatedWorkload(gpu=gpu), *extra], **kwargs)
+    trainer.fit(module or SimModule(), loader(batches), ckpt_path=ckpt_path)
+    return trainer, logger
+
+
+def optimizer(**kwargs) -> PowerLimitOptimizer:
+    defaults = dict(wait_steps=1, warmup_steps=1, profile_steps=3)
+    defaults.update(kwargs)
+    return PowerLimitOptimizer(**defaults)
+
+
+# ------------------------------------------------------------------------------------------ the simulator
+def test_simulated_gpu_matches_the_v100_study_shape():
+    from lightning_energy.analysis.fit import quadratic_fit
+
+    gpu = SimulatedGPU()
+    limits = [150, 200, 250, 300]  # the study's limits
+    energy = [gpu.step_energy_J(x) for x in limits]
+    time_s = [gpu.step_time_s(x) for x in limits]
+    edp = [e * t for e, t in zip(energy, time_s)]
+    for series in (energy, time_s, edp):
+        assert quadratic_fit(limits, series).r2 > 0.99
+    assert min(energy) == energy[0]  # the lowest limit the least energy ...
+    assert time_s[0] > 1.2 * time_s[-1]  # ... at some cost in time
+    memory_bound = SimulatedGPU(step=MEMORY_BOUND)
+    assert memory_bound.step_time_s(150) < 1.1 * memory_bound.step_time_s(300)  # barely slower
+    small = SimulatedGPU(step=SMALL_NET)  # never reaches the limit: nothing changes
+    assert small.step_time_s(150) == small.step_time_s(300)
+    assert small.step_energy_J(150) == small.step_energy_J(300)
+
+
+def test_simulated_gpu_is_a_zeus_gpu_with_nvml_units(clock):
+    with contextlib.redirect_stdout(io.StringIO()):
+        from zeus.device.gpu.common import GPU, ZeusGPUInvalidArgError, ZeusGPUNoPermissionError
+
+    gpu = SimulatedGPU(clock=clock)
+    assert isinstance(gpu, GPU)
+    assert gpu.get_power_management_limit_constraints() == (150_000, 300_000)
+    assert gpu.get_power_management_limit() == gpu.get_default_power_management_limit() == 300_000
+    gpu.set_power_management_limit(200_000)
+    before = gpu.get_total_energy_consumption()
+    seconds = gpu.run_step(256)
+    assert seconds == pytest.approx(gpu.step_time_s(200))
+    assert gpu.get_total_energy_consumption() - before == pytest.approx(200 * seconds * 1000, abs=1.0)  # mJ
+    with pytest.raises(ZeusGPUInvalidArgError):
+        gpu.set_power_management_limit(100_000)
+    gpu.reset_power_management_limit()
+    assert gpu.power_limit_W == 300
+    locked = SimulatedGPU(can_set_limits=False, clock=clock)
+    with pytest.raises(ZeusGPUNoPermissionError):
+        locked.set_power_management_limit(200_000)
+    import torch
+
+    with pytest.raises(torch.OutOfMemoryError):
+        gpu.run_step(512)  # 2 GiB + 512 x 48 MiB > 16 GiB
+
+
+# ------------------------------------------------------------------------------------------ selectors, searches
+def profiles_of(gpu, limits, steps=10):
+    return {x: LimitProfile(x, gpu.step_energy_J(x) * steps, gpu.step_time_s(x) * steps, steps) for x in limits}
+
+
+@pytest.mark.parametrize("selector", sorted(OPTIMUM))
+def test_zeus_selectors_pick_the_known_optimum(selector):
+    gpu = SimulatedGPU()
+    assert Objective(selector).select(list(profiles_of(gpu, GRID).values())) == OPTIMUM[selector]
+
+
+@pytest.mark.parametrize("step", [COMPUTE_BOUND, MEMORY_BOUND, SMALL_NET], ids=["compute", "memory", "small"])
+@pytest.mark.parametrize("selector", sorted(OPTIMUM))
+def test_adaptive_search_agrees_with_the_sweep_on_fewer_limits(selector, step):
+    gpu = SimulatedGPU(step=step)
+    objective = Objective(selector)
+    full = profiles_of(gpu, GRID)
+    search = AdaptiveSearch(GRID, objective)
+    seen = {}
+    while (limit := search.next_limit(seen)) is not None:
+        seen[limit] = full[limit]
+    assert objective.select(list(seen.values())) == objective.select(list(full.values()))
+    assert len(seen) <= 4 < len(GRID)
+    assert not search.fell_back(seen)
+
+
+def test_adaptive_search_falls_back_to_the_sweep_when_not_unimodal():
+    objective = Objective("energy")
+    bumpy = {300: 4.0, 275: 5.0, 250: 6.0, 225: 7.0, 200: 6.0, 175: 3.0, 150: 4.5}  # a peak between two valleys
+    full = {x: LimitProfile(x, e, 1.0, 1) for x, e in bumpy.items()}
+    search = AdaptiveSearch(GRID, objective)
+    seen = {}
+    while (limit := search.next_limit(seen)) is not None:
+        seen[limit] = full[limit]
+    assert search.fell_back(seen)
+    assert sorted(seen) == sorted(GRID)  # the exhaustive sweep
+    assert objective.select(list(seen.values())) == 175  # the valley the coarse points alone would miss
+
+
+def test_exhaustive_sweep_is_zeus_order_and_grid():
+    assert limit_grid(150, 300, 25) == GRID
+    assert limit_grid(120, 260, 50) == [260, 210, 160]  # Zeus: range(max, min - 1, -step), 120 W not on it
+    sweep = ExhaustiveSweep(GRID)
+    assert sweep.next_limit({}) == 300 and sweep.next_limit({300: None, 275: None}) == 250
+    assert sweep.next_limit(dict.fromkeys(GRID)) is None
+
+
+# ------------------------------------------------------------------------------------------ the callback
+@pytest.mark.parametrize("search", ["exhaustive", "adaptive"])
+@pytest.mark.parametrize("selector", sorted(OPTIMUM))
+def test_fit_picks_the_known_optimum_and_restores_the_default(tmp_path, clock, selector, search):
+    gpu = SimulatedGPU(clock=clock)
+    callback = optimizer(selector=selector, search=search)
+    trainer, logger = fit(tmp_path, gpu, callback)
+    assert callback.chosen_limit_W == OPTIMUM[selector]
+    for limit, p in callback.profiles.items():  # exact: fake time, a sample at every step boundary
+        assert p.steps == 3
+        assert p.time_per_step_s == pytest.approx(gpu.step_time_s(limit, 256), rel=1e-9)
+        assert p.energy_per_step_J == pytest.approx(gpu.step_energy_J(limit, 256), rel=1e-9)
+    if search == "exhaustive":
+        assert callback.limits_profiled == GRID
+    else:
+        assert len(callback.limits_profiled) <= 4 and callback.limits_profiled[0] == 300
+    # the chosen limit was in force for the rest of training, then the default came back
+    assert gpu.limit_log[-2:] == [OPTIMUM[selector], 300]
+    assert gpu.power_limit_W == 300
+    assert logger.values("power_limit/chosen_W") == [OPTIMUM[selector]]
+    current = logger.values("power_limit/current_W")
+    assert current[0] == 300 and OPTIMUM[selector] in current and set(current) <= set(GRID)
+    keys = {key for _, metrics in logger.metrics for key in metrics}
+    for limit in callback.profiles:
+        for name in ("energy_per_step_J", "time_per_step_s", "cost"):
+            assert f"power_limit/{limit}W/{name}" in keys
+    document = json.loads(callback.profile_file.read_text())
+    assert document["chosen_limit_W"] == OPTIMUM[selector]
+    assert [row["power_limit"] for row in document["measurements"]] == sorted(callback.profiles, reverse=True)
+    assert callback.figure_file.exists() and callback.figure_file.stat().st_size > 1000
+    if len(callback.profiles) >= 3:
+        assert document["fits"]["energy_per_step_J"]["r2"] > 0.99
+
+
+def test_our_state_machine_sets_the_same_limits_at_the_same_steps_as_zeus(tmp_path, monkeypatch):
+    """Zeus's own GlobalPowerLimitOptimizer drives a simulated GPU; ours must match it step for step."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        import zeus.monitor.energy as zeus_energy
+        from zeus.monitor import ZeusMonitor
+        from zeus.optimizer.power_limit import Energy, GlobalPowerLimitOptimizer
+
+    batches_per_epoch, epochs = 10, 3
+    quick = StepModel(overhead_s=0.001, per_sample_s=2e-6, contention_s=0.0)  # real time: ~2 ms steps
+    zeus_gpu = SimulatedGPU(gpu_index=7, step=quick)
+    monkeypatch.setattr(zeus_energy, "sync_execution_fn", lambda *a, **k: None)  # CUDA sync: no CUDA here
+    exit_hooks = []
+    monkeypatch.setattr(atexit, "register", lambda fn, *a, **k: exit_hooks.append(fn))
+    with installed_in_zeus([zeus_gpu]):
+        plo = GlobalPowerLimitOptimizer(ZeusMonitor(gpu_indices=[0], cpu_indices=[]), Energy(),
+                                        wait_steps=1, warmup_steps=1, profile_steps=2)
+        for step in range(batches_per_epoch * epochs):
+            plo.on_step_begin()
+            zeus_gpu.run_step(256)
+            if (step + 1) % batches_per_epoch == 0:
+                plo.on_epoch_end()
+        exit_hooks[0]()  # Zeus's exit hook: back to the maximum
+    monkeypatch.undo()
+    clock = install_fake_time(monkeypatch.setattr)
+    ours = SimulatedGPU(clock=clock, step=quick)
+    callback = optimizer(selector="energy", warmup_steps=1, profile_steps=2)
+    fit(tmp_path, ours, callback, batches=batches_per_epoch, epochs=epochs)
+    # Zeus sets the maximum once in its constructor before any step; the rest must be identical
+    assert zeus_gpu.limit_events[0] == (0, 300)
+    assert ours.limit_events == zeus_gpu.limit_events[1:]
+    assert callback.retried_windows == 2 and plo.state.optimal_power_limit == 150_000
+    assert callback.chosen_limit_W == 150
+
+
+def test_interrupted_windows_are_retried_not_mis_measured(tmp_path, clock):
+    """Epoch ends and mid-epoch validation runs (each taking fake time) cut windows; they are profiled again."""
+    gpu = SimulatedGPU(clock=clock)
+    callback = optimizer(selector="energy", warmup_steps=1, profile_steps=2)
+    module = ValidatingSimModule(clock=clock, validation_s=5.0)
+    val = loader(2)
+    logger = RecordingLogger()
+    callback.gpu = gpu
+    trainer = L.Trainer(callbacks=[callback, SimulatedWorkload(gpu=gpu)], **trainer_kwargs(
+        tmp_path, max_epochs=4, logger=[logger], log_every_n_steps=5, val_check_interval=5, num_sanity_val_steps=0))
+    trainer.fit(module, loader(10), val)
+    assert callback.retried_windows >= 3
+    assert sorted(callback.profiles) == sorted(GRID)
+    for limit, p in callback.profiles.items():
+        assert p.time_per_step_s == pytest.approx(gpu.step_time_s(limit, 256), rel=1e-9)  # no validation inside
+    assert callback.chosen_limit_W == 150
+    assert logger.values("power_limit/retried_windows") == [callback.retried_windows]
+
+
+def test_window_that_cannot_fit_an_epoch_fails_before_training(tmp_path, clock):
+    gpu = SimulatedGPU(clock=clock)
+    module = SimModule()
+    with pytest.raises(ValueError, match="warmup_steps \\+ profile_steps \\+ 1 = 6"):
+        fit(tmp_path, gpu, optimizer(warmup_steps=2, profile_steps=3), batches=5, module=module)
+    assert module.steps_seen == 0
+    assert gpu.power_limit_W == 300
+
+
+def test_resume_keeps_the_profiles_and_state(tmp_path, clock):
+    gpu = SimulatedGPU(clock=clock)
+    first = optimizer(selector="zeus_cost")
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    with pytest.warns(UserWarning, match="ended before profiling finished"):
+        fit(tmp_path, gpu, first, batches=12, epochs=1, extra=[checkpoints], enable_checkpointing=True)
+    assert first.chosen_limit_W is None and 0 < len(first.profiles) < len(GRID)
+    profiled_before = set(first.profiles)
+    assert gpu.power_limit_W == 300  # restored at the end of the unfinished fit
+    # a new process: new card object, new callback, resume from the checkpoint
+    gpu2 = SimulatedGPU(clock=clock)
+    second = optimizer(selector="zeus_cost")
+    fit(tmp_path, gpu2, second, batches=12, epochs=4, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"),
+        extra=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)], enable_checkpointing=True)
+    assert set(second.limits_profiled).isdisjoint(profiled_before - {first.limits_profiled[-1]})
+    assert sorted(second.profiles) == sorted(GRID)
+    assert second.chosen_limit_W == OPTIMUM["zeus_cost"]
+    # resuming a finished search applies the choice at once and profiles nothing
+    gpu3 = SimulatedGPU(clock=clock)
+    third = optimizer(selector="zeus_cost")
+    fit(tmp_path, gpu3, third, batches=12, epochs=5, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"),
+        extra=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)], enable_checkpointing=True)
+    assert third.limits_profiled == [] and third.chosen_limit_W == OPTIMUM["zeus_cost"]
+    assert gpu3.limit_log == [OPTIMUM["zeus_cost"], 300]
+
+
+def test_profile_file_is_reused_on_the_next_run(tmp_path, clock):
+    path = tmp_path / "profile.json"
+    gpu = SimulatedGPU(clock=clock)
+    first = optimizer(selector="max_slowdown", profile_path=str(path))
+    fit(tmp_path / "a", gpu, first)
+    assert path.exists() and first.chosen_limit_W == OPTIMUM["max_slowdown"]
+    profiles, document = read_profile(path)
+    assert sorted(p.limit_W for p in profiles) == sorted(GRID) and document["gpu_name"] == gpu.name
+    gpu2 = SimulatedGPU(clock=clock)
+    second = optimizer(selector="energy", profile_path=str(path))  # another selector re-selects from the file
+    fit(tmp_path / "b", gpu2, second)
+    assert second.limits_profiled == [] and second.chosen_limit_W == OPTIMUM["energy"]
+    assert gpu2.limit_log == [OPTIMUM["energy"], 300]
+
+
+def test_a_zeus_profile_file_is_read_and_a_foreign_range_refused(tmp_path, clock):
+    zeus_file = tmp_path / "zeus.json"
+    zeus_file.write_text(json.dumps({"measurements": [
+        {"power_limit": 300, "energy": 6.8, "time": 0.0226}, {"power_limit": 200, "energy": 5.3, "time": 0.0266}]}))
+    gpu = SimulatedGPU(clock=clock)
+    callback = optimizer(selector="energy", profile_path=str(zeus_file))
+    fit(tmp_path / "a", gpu, callback)
+    assert callback.chosen_limit_W == 200 and callback.limits_profiled == []
+    foreign = tmp_path / "foreign.json"
+    foreign.write_text(json.dumps({"measurements": [{"power_limit": 400, "energy": 1.0, "time": 1.0}]}))
+    with pytest.raises(ValueError, match="outside this GPU's range"):
+        fit(tmp_path / "b", SimulatedGPU(clock=clock), optimizer(profile_path=str(foreign)))
+
+
+def test_no_permission_fails_in_setup_naming_the_fixes(tmp_path, clock):
+    gpu = SimulatedGPU(clock=clock, can_set_limits=False)
+    module = SimModule()
+    with pytest.raises(RuntimeError) as info:
+        fit(tmp_path, gpu, optimizer(), module=module)
+    message = str(info.value)
+    for fix in ("zeusd", "ZEUSD_SOCK_PATH", "--cap-add SYS_ADMIN", "dry_run=True"):
+        assert fix in message
+    assert module.steps_seen == 0 and gpu.limit_log == []
+
+
+def test_dry_run_reports_without_touching_the_card(tmp_path, clock):
+    gpu = SimulatedGPU(clock=clock, can_set_limits=False)
+    callback = optimizer(dry_run=True, search="adaptive", selector="zeus_cost")
+    fit(tmp_path, gpu, callback, batches=20)
+    assert gpu.limit_log == []  # never touched
+    report = json.loads(callback.profile_file.read_text())
+    assert report == json.loads(json.dumps(callback.dry_run_report))
+    assert report["candidate_limits_W"] == GRID
+    assert report["first_limits_W"] == [300, 150, 225]
+    assert report["profiling_steps"] == {"min": 1 + 4 * 4, "max": 1 + 7 * 4}  # 3 coarse limits + 1 check, or all 7
+    here = report["measured_at_current_limit"]
+    assert here["time_per_step_s"] == pytest.approx(gpu.step_time_s(300, 256), rel=1e-9)
+    assert report["expected_profiling_energy_J"]["max"] == pytest.approx(29 * gpu.step_energy_J(300, 256), rel=1e-9)
+    assert report["can_set_limits"] is False and "can_set_limits=False" in report["permission_problem"]
+    assert report["share_of_training"]["max"] == pytest.approx(29 / 20)
+    assert callback.profile_file.name == "power_limit_dry_run.json" and callback.profile_file.exists()
+
+
+@pytest.mark.parametrize("exception", [RuntimeError, KeyboardInterrupt])
+def test_limit_restored_on_exception_and_ctrl_c(tmp_path, clock, exception):
+    gpu = SimulatedGPU(clock=clock)
+    module = SimModule(fail_at_step=9, exception=exception)
+    expected = SystemExit if exception is KeyboardInterrupt else RuntimeError  # Lightning exits on Ctrl-C
+    try:
+        with pytest.raises(expected):
+            fit(tmp_path, gpu, optimizer(), module=module)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after a Ctrl-C
+    assert any(limit < 300 for limit in gpu.limit_log[:-1])  # it was profiling a lower limit ...
+    assert gpu.limit_log[-1] == 300 and gpu.power_limit_W == 300  # ... and the default came back
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="selector"):
+        PowerLimitOptimizer(selector="fastest")
+    with pytest.raises(ValueError, match="eta_knob"):
+        PowerLimitOptimizer(eta_knob=1.5)
+    with pytest.raises(ValueError, match="profile_steps"):
+        PowerLimitOptimizer(profile_steps=0)
+    with pytest.raises(ValueError, match="search"):
+        PowerLimitOptimizer(search="random")
+    with pytest.raises(TypeError, match="gpu"):
+        PowerLimitOptimizer(gpu="cuda:0")
+
+
+def test_cpu_training_without_a_gpu_is_refused_in_setup(tmp_path):
+    module = SimModule()
+    trainer = L.Trainer(callbacks=[PowerLimitOptimizer()], **trainer_kwargs(tmp_path))
+    with pytest.raises(RuntimeError, match="SimulatedGPU"):
+        trainer.fit(module, loader(4))
+    assert module.steps_seen == 0
+
+
+# ------------------------------------------------------------------------------------------ DDP
+@pytest.mark.slow
+def test_ddp_ranks_apply_one_broadcast_decision(tmp_path):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(HERE / "power_limit_ddp_fit.py"), str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    expected = ranks[0]["expected"]
+    assert expected["merged_choice"] != expected["rank1_alone_choice"]  # a per-rank decision would disagree
+    for r in ranks:
+        assert r["chosen_W"] == expected["merged_choice"]
+        assert r["limit_log"][-1] == 300
+    assert ranks[0]["profiles"] == ranks[1]["profiles"]
+    for limit, (energy_J, time_s) in ranks[0]["profiles"].items():
+        assert energy_J == pytest.approx(expected["energy_J"][limit], rel=1e-9)
+        assert time_s == pytest.approx(expected["time_s"][limit], rel=1e-9)
+
+
+def test_lightning_cli_config_runs_the_optimiser_on_the_simulated_gpu(tmp_path, monkeypatch):
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    from lightning_energy import EnergyCallback
+
+    config = HERE.parent / "configs" / "power_limit_simulated.yaml"
+    monkeypatch.setattr("sys.argv", ["lightning-cli"])
+    cli = LightningCLI(
+        BoringModel, BoringDataModule, run=False, save_config_kwargs={"overwrite": True},
+        args=["--config", str(config), "--seed_everything=1", "--trainer.max_epochs=2",
+              "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=10",
+              f"--trainer.default_root_dir={tmp_path}"],
+    )
+    (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, PowerLimitOptimizer)]
+    (energy,) = [c for c in cli.trainer.callbacks if isinstance(c, EnergyCallback)]
+    gpu = callback.gpu
+    assert isinstance(gpu, SimulatedGPU) and gpu.step.overhead_s == 0.001
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert callback.chosen_limit_W in GRID and 3 <= len(callback.profiles) <= len(GRID)  # real time: noisy figures
+    assert callback.profile_file.exists() and callback.figure_file.exists()
+    assert gpu.power_limit_W == 300 and gpu.steps_run > 0
+    (sensor,) = energy.report["sensors"]
+    assert sensor["name"] == "simgpu0" and sensor["energy_J"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_real_gpu_read_only_queries_and_a_dry_run_that_changes_nothing(tmp_path):
+    """Shared test machines: constraints, current and default limit, energy counter; never a write."""
+    from lightning_energy.callbacks.power_limit import default_limit_mW, limit_permission_problem
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        from zeus.device import get_gpus
+
+    gpu = get_gpus().gpus[0]
+    low, high = gpu.get_power_management_limit_constraints()
+    current = gpu.get_power_management_limit()
+    assert 0 < low <= current <= high
+    assert low <= default_limit_mW(gpu) <= high
+    problem = limit_permission_problem(gpu)
+    assert problem is None or "SYS_ADMIN" in problem
+    if gpu.supports_get_total_energy_consumption():
+        first = gpu.get_total_energy_consumption()
+        assert gpu.get_total_energy_consumption() >= first > 0
+    callback = PowerLimitOptimizer(dry_run=True, wait_steps=1, warmup_steps=2, profile_steps=5, log_figure=False)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, accelerator="gpu", devices=1, max_epochs=1))
+    trainer.fit(SimModule(), loader(20))
+    assert gpu.get_power_management_limit() == current
+    report = callback.dry_run_report
+    assert report["current_limit_W"] == current // 1000 and report["limit_constraints_W"] == [low // 1000, high // 1000]
+    assert report["measured_at_current_limit"]["time_per_step_s"] > 0
