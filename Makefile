@@ -26,8 +26,10 @@ test: venv
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu
 
+BENCHMARKS := overhead baler_speed precision prediction_error power_limit_search workbench
+
 bench: venv
-	$(PY) benchmarks/overhead.py
+	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache
