@@ -189,12 +189,17 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     assert float(trainer.logged_metrics["energy/total_J"]) == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-5)
 
 
-def test_test_loop_is_measured(tmp_path):
+@pytest.mark.parametrize("loop", ["test", "validate"])
+def test_test_and_validate_loops_are_measured(tmp_path, loop):
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
     trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path))
-    trainer.test(TinyRegressor(), tiny_loader(n=48))
-    seconds = float(trainer.logged_metrics["time/test_epoch_s"])
-    assert float(trainer.logged_metrics["energy/test_epoch_J"]) == pytest.approx((DEVICE_W + HOST_W) * seconds, rel=1e-5)
+    getattr(trainer, loop)(TinyRegressor(), tiny_loader(n=48))
+    prefix = "test" if loop == "test" else "val"
+    seconds = float(trainer.logged_metrics[f"time/{prefix}_epoch_s"])
+    assert seconds > 0
+    assert float(trainer.logged_metrics[f"energy/{prefix}_epoch_J"]) == pytest.approx((DEVICE_W + HOST_W) * seconds,
+                                                                                    rel=1e-5)
+    assert callback.report is None  # the end-of-fit report belongs to fits
 
 
 def test_one_sampling_thread_for_several_callbacks(tmp_path):
