@@ -110,15 +110,16 @@ class SwitchablePrecision(Precision):
 
     Args:
         mode: the starting mode, one of :data:`MODE_NAMES`.
-        skip_nonfinite_steps: skip the optimizer step when a gradient is NaN or infinite (the gradient
-            scaler does this in ``16-mixed``; this flag does it in the other modes), so that one bad step
-            leaves parameters and optimizer state intact. Costs one host-device synchronisation per step.
+        skip_nonfinite_steps: in ``tf32``, ``bf16-mixed`` and ``16-mixed-noscale``, skip the optimizer step
+            when a gradient is NaN or infinite (the gradient scaler does this in ``16-mixed``), so that one bad
+            step leaves parameters and optimizer state intact and a fallback can carry on from them. Costs one
+            pass over the gradients and one host-device synchronisation per optimizer step in those modes;
+            ``32-true`` and ``64-true`` never check (they step exactly as Lightning's own plugin does).
         device_type: ``"cpu"`` or ``"cuda"``; None reads it from the model's parameters at setup.
 
     Attributes:
         skipped_steps: optimizer steps skipped because of non-finite gradients (scaler skips included).
-        consecutive_skips: skipped steps in a row up to the latest optimizer step.
-        optimizer_steps: optimizer steps seen (taken or skipped).
+        consecutive_skips: skipped steps in a row up to the latest optimizer step, in the current mode.
     """
 
     def __init__(self, mode: str = REFERENCE_MODE, skip_nonfinite_steps: bool = True,
@@ -138,7 +139,6 @@ class SwitchablePrecision(Precision):
         self._saved_flags: tuple | None = None  # the user's TF32 switches, restored at teardown
         self.skipped_steps = 0
         self.consecutive_skips = 0
-        self.optimizer_steps = 0
 
     # ---------------------------------------------------------------- mode
     @property
@@ -187,6 +187,8 @@ class SwitchablePrecision(Precision):
         return True
 
     def _activate(self, mode: PrecisionMode) -> None:
+        if mode != self._mode:
+            self.consecutive_skips = 0
         self._mode = mode
         if mode.grad_scaling and self._scaler is None and self.device_type is not None:
             self._scaler = torch.amp.GradScaler(self.device_type)
@@ -293,7 +295,7 @@ class SwitchablePrecision(Precision):
         try:
             if self.scaler is not None:
                 return self._scaled_step(optimizer, model, closure, **kwargs)
-            if not self.skip_nonfinite_steps or isinstance(optimizer, LBFGS):
+            if not (self.skip_nonfinite_steps and self._mode.reduced) or isinstance(optimizer, LBFGS):
                 return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
             return self._checked_step(optimizer, model, closure, **kwargs)
         finally:
@@ -309,15 +311,27 @@ class SwitchablePrecision(Precision):
             raise ValueError("gradient scaling ('16-mixed') does not work with the LBFGS optimizer")
         closure_result = closure()
         skip_unscaling = closure_result is None and model.automatic_optimization  # backward was skipped
-        if not _optimizer_handles_unscaling(optimizer) and not skip_unscaling:
+        unscales_inside = _optimizer_handles_unscaling(optimizer)  # a fused optimizer
+        if not unscales_inside and not skip_unscaling:
             scaler.unscale_(optimizer)  # before gradient clipping in _after_closure
         self._after_closure(model, optimizer)
         if skip_unscaling:
             return closure_result
-        scale_before = scaler.get_scale()
-        step_output = scaler.step(optimizer, **kwargs)  # skips optimizer.step on non-finite gradients
+        if unscales_inside or not isinstance(optimizer, torch.optim.Optimizer):
+            # the optimizer's step runs (and skips inside) in any case: the scale backs off iff it skipped
+            scale_before = scaler.get_scale()  # two extra host-device synchronisations
+            step_output = scaler.step(optimizer, **kwargs)
+            scaler.update()
+            self._count_step(skipped=scaler.get_scale() < scale_before)
+            return step_output
+        stepped: list[bool] = []  # the scaler calls optimizer.step only on finite gradients: no extra sync
+        handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
+        try:
+            step_output = scaler.step(optimizer, **kwargs)
+        finally:
+            handle.remove()
         scaler.update()
-        self._count_step(skipped=scaler.get_scale() < scale_before)  # the scale backs off iff it skipped
+        self._count_step(skipped=not stepped)
         return step_output
 
     def _checked_step(self, optimizer, model, closure: Callable[[], Any], **kwargs: Any) -> Any:
@@ -333,7 +347,6 @@ class SwitchablePrecision(Precision):
         return optimizer.step(**kwargs)
 
     def _count_step(self, skipped: bool) -> None:
-        self.optimizer_steps += 1
         if skipped:
             self.skipped_steps += 1
             self.consecutive_skips += 1

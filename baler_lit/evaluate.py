@@ -1,0 +1,331 @@
+"""Compare original and restored data: per-column error summaries, Baler's plots, ratio/error trade-off.
+
+For each column (frames are treated as one column of pixel values):
+
+- residual ``r = restored − original`` in the column's physical units: mean, std, RMS, max |r|;
+- ``norm_rms = RMS(r) / (max − min)`` of the original column (dimensionless, comparable across columns);
+- response / relative error ``(restored − original) / original`` over the entries with ``original ≠ 0``:
+  mean, std, mean |·| and median |·| (dimensionless; the mean is dominated by near-zero originals);
+- for integer columns, the fraction restored exactly.
+
+Figures (PNG in the output folder, and in TensorBoard when a log folder is given): residual box plots
+(``residual_boxplot.png``, residual / column range), before/after histograms (``histograms.png``), response
+histograms (``response.png``), and, when the ``.baler`` file is given, the compression-ratio / error
+trade-off over the latent storage dtypes (``tradeoff.png``). Frames also get ``frames.png``
+(original, restored, difference of the first frame). matplotlib and TensorBoard are imported lazily.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .compression import LATENT_DTYPES, CompressedFile, decode
+from .errors import BalerInputError
+from .table import Table
+
+#: Columns per figure row in the per-column histogram grids.
+GRID_COLUMNS = 6
+HIST_BINS = 50
+#: Resolution of the PNG figures (dots per inch).
+FIG_DPI = 90
+
+
+def _columns(table: Table) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """``(n_values, n_columns)`` view, column names and integer mask (frames → one ``value`` column)."""
+    if table.is_frames:
+        return table.data.reshape(-1, 1), ["value"], table.integer_mask[:1]
+    return table.data, list(table.names), table.integer_mask
+
+
+def check_comparable(original: Table, restored: Table) -> None:
+    """Raise a clear error when the two tables cannot be compared entry by entry."""
+    if original.data.shape[1:] != restored.data.shape[1:]:
+        raise BalerInputError(
+            f"column-count mismatch: original {original.source} has samples of shape {original.sample_shape},"
+            f" restored {restored.source} has {restored.sample_shape}"
+        )
+    if original.n_rows != restored.n_rows:
+        raise BalerInputError(
+            f"row-count mismatch: original {original.source} has {original.n_rows} rows,"
+            f" restored {restored.source} has {restored.n_rows}"
+        )
+
+
+def column_summaries(original: Table, restored: Table) -> list[dict[str, Any]]:
+    """Per-column residual and relative-error statistics (see the module docstring for units)."""
+    check_comparable(original, restored)
+    x, names, integer = _columns(original)
+    y, _, _ = _columns(restored)
+    resid = y - x
+    span = x.max(axis=0) - x.min(axis=0)
+    rms = np.sqrt(np.mean(resid**2, axis=0))
+    nonzero = x != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        response = np.where(nonzero, resid / np.where(nonzero, x, 1.0), np.nan)
+    out = []
+    for j, name in enumerate(names):
+        rj = response[:, j]
+        rj = rj[np.isfinite(rj)]
+        row: dict[str, Any] = {
+            "column": name,
+            "integer": bool(integer[j]),
+            "residual_mean": float(resid[:, j].mean()),
+            "residual_std": float(resid[:, j].std()),
+            "residual_rms": float(rms[j]),
+            "residual_max_abs": float(np.abs(resid[:, j]).max()),
+            "range": float(span[j]),
+            "norm_rms": float(rms[j] / span[j]) if span[j] > 0 else float(rms[j]),
+            "response_mean": float(rj.mean()) if rj.size else None,
+            "response_std": float(rj.std()) if rj.size else None,
+            "response_mean_abs": float(np.abs(rj).mean()) if rj.size else None,
+            "response_median_abs": float(np.median(np.abs(rj))) if rj.size else None,
+        }
+        if integer[j]:
+            row["exact_fraction"] = float(np.mean(resid[:, j] == 0))
+        out.append(row)
+    return out
+
+
+def overall_error(original: Table, restored_values: np.ndarray) -> float:
+    """Mean over columns of ``RMS(residual) / column range`` (dimensionless)."""
+    x, _, _ = _columns(original)
+    y = restored_values.reshape(x.shape)
+    span = x.max(axis=0) - x.min(axis=0)
+    rms = np.sqrt(np.mean((y - x) ** 2, axis=0))
+    return float(np.mean(np.where(span > 0, rms / np.where(span > 0, span, 1.0), rms)))
+
+
+def tradeoff(original: Table, compressed: CompressedFile) -> list[dict[str, Any]]:
+    """Ratio and error when the latent of ``compressed`` is stored in each latent dtype.
+
+    The file size for another dtype is the actual file size with the latent bytes replaced by
+    ``n_rows × latent_dim × itemsize``; the latent is rounded to that dtype and decoded with the stored
+    decoder. Entries coarser than the stored dtype show the loss of re-rounding; finer ones cannot recover
+    precision the file does not hold, so their error equals the stored one.
+    """
+    h = compressed.header
+    latent_bytes = h["arrays"]["latent"]["nbytes"]
+    n_latent = h["n_rows"] * h["model"]["latent_dim"]
+    rows = []
+    for name, (_, np_dtype) in LATENT_DTYPES.items():
+        size = compressed.file_bytes - latent_bytes + n_latent * np_dtype.itemsize
+        values = decode(compressed, latent_dtype=name).astype(np.float64, copy=False)
+        rows.append(
+            {
+                "latent_dtype": name,
+                "stored": name == h["latent_dtype"],
+                "file_bytes": int(size),
+                "ratio": h["original_bytes"] / size,
+                "mean_norm_rms": overall_error(original, values),
+            }
+        )
+    return rows
+
+
+# -- figures -----------------------------------------------------------------------------------------------
+def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | None) -> dict[str, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    x, names, _ = _columns(original)
+    y, _, _ = _columns(restored)
+    span = x.max(axis=0) - x.min(axis=0)
+    resid_norm = (y - x) / np.where(span > 0, span, 1.0)
+    figs: dict[str, Any] = {}
+
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.3 * len(names) + 1)))
+    ax.boxplot(resid_norm, orientation="horizontal", showfliers=False)
+    ax.set_yticks(range(1, len(names) + 1), names, fontsize=7)
+    ax.invert_yaxis()  # first column on top
+    ax.axvline(0.0, color="grey", lw=0.8)
+    ax.set_xlabel("residual / column range (restored − original)")
+    ax.set_title("Residuals per column")
+    fig.tight_layout()
+    figs["residual_boxplot"] = fig
+
+    def grid(title: str):
+        n = len(names)
+        ncols = min(GRID_COLUMNS, n)
+        nrows = math.ceil(n / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.0 * nrows), squeeze=False)
+        # fixed margins: tight_layout over dozens of axes costs seconds
+        fig.subplots_adjust(left=0.05, right=0.98, bottom=0.05, top=1 - 0.7 / (2.0 * nrows), hspace=0.5, wspace=0.35)
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        for ax in axes.flat[:n]:
+            # few ticks: drawing tick labels is most of the rendering time of a large grid
+            ax.set_yticks([])
+            ax.xaxis.set_major_locator(MaxNLocator(3))
+            ax.tick_params(labelsize=6)
+        fig.suptitle(title)
+        return fig, axes.flat
+
+    fig, axes = grid("Before (original) / after (restored)")
+    for j, ax in enumerate(axes):
+        if j >= len(names):
+            break
+        lo, hi = x[:, j].min(), x[:, j].max()
+        bins = np.linspace(lo, hi if hi > lo else lo + 1.0, HIST_BINS + 1)
+        ax.hist(x[:, j], bins=bins, histtype="step", label="original")
+        ax.hist(y[:, j], bins=bins, histtype="step", label="restored")
+        ax.set_title(names[j], fontsize=7)
+    axes[0].legend(fontsize=6)
+    figs["histograms"] = fig
+
+    fig, axes = grid("Response (restored − original) / original")
+    for j, ax in enumerate(axes):
+        if j >= len(names):
+            break
+        nz = x[:, j] != 0
+        resp = (y[nz, j] - x[nz, j]) / x[nz, j]
+        if resp.size:
+            nonzero = np.abs(resp[resp != 0])  # exactly restored integers would shrink the range to nothing
+            lim = float(np.percentile(nonzero, 99)) if nonzero.size else 1.0
+            ax.hist(np.clip(resp, -lim, lim), bins=HIST_BINS, histtype="stepfilled", alpha=0.7)
+            ax.set_yscale("log")  # shows the few off-zero entries next to the exact ones
+            ax.tick_params(axis="y", which="both", left=False, labelleft=False)
+        ax.set_title(names[j], fontsize=7)
+    figs["response"] = fig
+
+    if original.is_frames:
+        fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+        for ax, img, title in zip(
+            axes, (original.data[0], restored.data[0], restored.data[0] - original.data[0]),
+            ("original frame 0", "restored frame 0", "difference"),
+        ):
+            im = ax.imshow(img, cmap="viridis")
+            ax.set_title(title)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.tight_layout()
+        figs["frames"] = fig
+
+    if trade:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([t["ratio"] for t in trade], [t["mean_norm_rms"] for t in trade], "o-")
+        for t in trade:
+            ax.annotate(t["latent_dtype"], (t["ratio"], t["mean_norm_rms"]), fontsize=8)
+        ax.set_xlabel("compression ratio (original bytes / file bytes)")
+        ax.set_ylabel("mean normalised RMS error")
+        ax.set_title("Ratio / error trade-off (latent dtype)")
+        fig.tight_layout()
+        figs["tradeoff"] = fig
+    return figs
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Plain-text table of the per-column summaries, the overall error and the trade-off."""
+    lines = [f"{'column':<28} {'rms':>11} {'norm_rms':>9} {'med|resp|':>9} {'exact':>6}"]
+    for c in summary["columns"]:
+        resp = "-" if c["response_median_abs"] is None else f"{c['response_median_abs']:.3g}"
+        exact = f"{c['exact_fraction']:.2f}" if "exact_fraction" in c else ""
+        lines.append(f"{c['column'][:28]:<28} {c['residual_rms']:>11.4g} {c['norm_rms']:>9.4f} {resp:>9} {exact:>6}")
+    lines.append(f"mean normalised RMS error: {summary['mean_norm_rms']:.5f}")
+    if summary.get("compression_ratio") is not None:
+        lines.append(f"compression ratio (whole file): {summary['compression_ratio']:.3f}")
+    for t in summary.get("tradeoff") or []:
+        mark = " (stored)" if t["stored"] else ""
+        lines.append(
+            f"  latent {t['latent_dtype']:<8} ratio {t['ratio']:7.3f}  error {t['mean_norm_rms']:.5f}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def evaluate(
+    original: Table,
+    restored: Table,
+    out_dir: str | os.PathLike,
+    compressed: CompressedFile | None = None,
+    tensorboard_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write ``summary.json`` and the PNG figures to ``out_dir``; return the summary dict.
+
+    ``out_dir`` must not exist (it is filled under a temporary name and renamed) unless ``overwrite``.
+    With ``tensorboard_dir`` the figures and the scalar summaries are also written as TensorBoard events.
+    """
+    check_comparable(original, restored)
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise BalerInputError(f"output folder {out} already exists; pass --overwrite to replace its files")
+    if not out.parent.is_dir():
+        raise BalerInputError(f"output directory {out.parent} does not exist")
+    summary: dict[str, Any] = {
+        "original": original.source,
+        "restored": restored.source,
+        "n_rows": original.n_rows,
+        "sample_shape": list(original.sample_shape),
+        "columns": column_summaries(original, restored),
+        "mean_norm_rms": overall_error(original, restored.data),
+        "compression_ratio": None,
+        "tradeoff": None,
+    }
+    if compressed is not None:
+        summary["compression_ratio"] = compressed.header["original_bytes"] / compressed.file_bytes
+        summary["file_bytes"] = compressed.file_bytes
+        summary["tradeoff"] = tradeoff(original, compressed)
+    figs = _figures(original, restored, summary["tradeoff"])
+    import matplotlib.pyplot as plt
+
+    try:
+        pngs = _render(figs)
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+    _write_report(out, pngs, summary)
+    if tensorboard_dir is not None:
+        _to_tensorboard(tensorboard_dir, pngs, summary)
+    return summary
+
+
+def _render(figs: dict[str, Any]) -> dict[str, bytes]:
+    """Render every figure once to PNG bytes (reused for the files and for TensorBoard)."""
+    out = {}
+    for name, fig in figs.items():
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=FIG_DPI)
+        out[name] = buf.getvalue()
+    return out
+
+
+def _write_report(out: Path, pngs: dict[str, bytes], summary: dict[str, Any]) -> None:
+    """Save figures and summary; a new folder is filled under a temporary name and renamed at the end."""
+    target = out if out.exists() else out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    target.mkdir(exist_ok=True)
+    try:
+        for name, png in pngs.items():
+            (target / f"{name}.png").write_bytes(png)
+        (target / "summary.json").write_text(json.dumps(summary, indent=1))
+        if target != out:
+            os.replace(target, out)
+    except BaseException:
+        if target != out:
+            shutil.rmtree(target, ignore_errors=True)
+        raise
+
+
+def _to_tensorboard(log_dir: str | os.PathLike, pngs: dict[str, bytes], summary: dict[str, Any]) -> None:
+    import matplotlib.image as mpimg
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(log_dir))
+    try:
+        for name, png in pngs.items():
+            writer.add_image(f"evaluate/{name}", mpimg.imread(io.BytesIO(png), format="png"), dataformats="HWC")
+        writer.add_scalar("evaluate/mean_norm_rms", summary["mean_norm_rms"])
+        if summary["compression_ratio"] is not None:
+            writer.add_scalar("evaluate/compression_ratio", summary["compression_ratio"])
+        for c in summary["columns"]:
+            writer.add_scalar(f"evaluate/norm_rms/{c['column']}", c["norm_rms"])
+    finally:
+        writer.close()

@@ -1,0 +1,166 @@
+"""Readers for Baler's ``.npz`` layout and for ROOT files (through uproot, imported lazily).
+
+``.npz``: array ``data`` (``(n_rows, n_columns)`` or ``(n_frames, H, W)``), optional ``names`` (one string per
+column; an empty array is allowed) and optional ``dtypes`` (one dtype name per column, written by
+``baler-lit decompress`` so mixed integer/float tables keep their column types). Arrays are loaded with
+``allow_pickle=False``.
+
+ROOT: one TTree; the branches are listed explicitly or selected by a name prefix (for example ``Jet_``).
+Flat branches give one row per entry; jagged branches of one collection (NanoAOD ``Jet_*``) give one row per
+object. Branches of different collections, or flat mixed with jagged, are rejected.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BalerInputError
+from .table import Table
+
+#: ROOT leaf type names (as uproot spells them) that map to numeric columns.
+ROOT_NUMERIC_TYPES = {
+    "bool", "int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t", "uint64_t",
+    "float", "double",
+}  # fmt: skip
+
+
+def _existing_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise BalerInputError(f"input file {p} does not exist")
+    if not p.is_file():
+        raise BalerInputError(f"input {p} is not a file")
+    if not os.access(p, os.R_OK):
+        raise BalerInputError(f"input file {p} is not readable")
+    return p
+
+
+def load_table(
+    path: str | os.PathLike,
+    npz_key: str = "data",
+    root_tree: str | None = None,
+    root_branches: Sequence[str] | None = None,
+    root_prefix: str | None = None,
+) -> Table:
+    """Read ``path`` (``.npz`` or ``.root``) into a :class:`Table`."""
+    p = _existing_file(path)
+    suffix = p.suffix.lower()
+    if suffix == ".npz":
+        return load_npz(p, npz_key)
+    if suffix == ".root":
+        return load_root(p, root_tree, root_branches, root_prefix)
+    raise BalerInputError(f"input {p}: unsupported format {suffix or '(no suffix)'!r}; use .npz or .root")
+
+
+def load_npz(path: str | os.PathLike, key: str = "data") -> Table:
+    """Read Baler's npz layout (``data``, optional ``names`` and ``dtypes``) without unpickling."""
+    p = _existing_file(path)
+    try:
+        npz = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise BalerInputError(f"cannot read {p} as .npz: {exc}") from None
+    if not isinstance(npz, np.lib.npyio.NpzFile):
+        raise BalerInputError(f"input {p} is a single .npy array, not an .npz archive with 'data' and 'names'")
+    try:
+        with npz:
+            if key not in npz.files:
+                raise BalerInputError(f"input {p} has no array {key!r} (arrays: {', '.join(npz.files) or 'none'})")
+            data = npz[key]
+            names = npz["names"] if "names" in npz.files else np.array([])
+            dtypes = npz["dtypes"] if "dtypes" in npz.files else np.array([])
+    except BalerInputError:
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        raise BalerInputError(f"cannot read {p} as .npz: {exc}") from None
+    name_list = [str(n) for n in names.tolist()] if names.size and names.dtype.kind in "US" else []
+    if names.size and not name_list:
+        raise BalerInputError(f"input {p}: 'names' must be strings, got dtype {names.dtype}")
+    dtype_list = [str(d) for d in dtypes.tolist()] if dtypes.size else []
+    return Table(data, names=name_list, dtypes=dtype_list, source=str(p))
+
+
+def _tree_names(rootfile) -> list[str]:
+    return sorted({k.split(";")[0] for k, cls in rootfile.classnames().items() if cls in ("TTree", "TNtuple")})
+
+
+def load_root(
+    path: str | os.PathLike,
+    tree: str | None = None,
+    branches: Sequence[str] | None = None,
+    prefix: str | None = None,
+) -> Table:
+    """Read numeric branches of one TTree: flat → one row per entry, jagged → one row per object."""
+    import awkward as ak
+    import uproot
+
+    p = _existing_file(path)
+    try:
+        rootfile = uproot.open(p)
+    except Exception as exc:  # uproot raises many types for non-ROOT or damaged files
+        raise BalerInputError(f"cannot read {p} as a ROOT file: {exc}") from None
+    with rootfile:
+        trees = _tree_names(rootfile)
+        if tree is None:
+            if len(trees) != 1:
+                raise BalerInputError(
+                    f"input {p} has {len(trees)} trees ({', '.join(trees)}); choose one with root_tree"
+                )
+            tree = trees[0]
+        elif tree not in trees:
+            raise BalerInputError(f"input {p} has no tree {tree!r} (trees: {', '.join(trees) or 'none'})")
+        ttree = rootfile[tree]
+        available = list(ttree.keys())
+        typenames = {b: ttree[b].typename for b in available}
+
+        def numeric(b: str) -> bool:
+            t = typenames[b]
+            return t.removesuffix("[]") in ROOT_NUMERIC_TYPES
+
+        if branches:
+            missing = [b for b in branches if b not in typenames]
+            if missing:
+                raise BalerInputError(f"input {p}: tree {tree!r} has no branch(es) {', '.join(missing)}")
+            bad = [f"{b} ({typenames[b]})" for b in branches if not numeric(b)]
+            if bad:
+                raise BalerInputError(f"input {p}: branch(es) {', '.join(bad)} are not numeric columns")
+            selected = list(branches)
+        else:
+            selected = [b for b in available if (prefix is None or b.startswith(prefix)) and numeric(b)]
+            if not selected:
+                what = f"with prefix {prefix!r}" if prefix else "at all"
+                raise BalerInputError(f"input {p}: tree {tree!r} has no numeric branches {what}")
+        jagged = [b for b in selected if typenames[b].endswith("[]")]
+        if jagged and len(jagged) != len(selected):
+            flat = [b for b in selected if b not in jagged]
+            raise BalerInputError(
+                f"input {p}: cannot mix flat branches ({', '.join(flat[:3])}) with jagged ones"
+                f" ({', '.join(jagged[:3])}); list branches of one kind or use a collection prefix such as 'Jet_'"
+            )
+        try:
+            arrays = ttree.arrays(selected, library="ak")
+        except Exception as exc:
+            raise BalerInputError(f"cannot read branches from {p}: {exc}") from None
+
+    if jagged:
+        counts = ak.num(arrays[selected[0]], axis=1)
+        for b in selected[1:]:
+            if not ak.all(ak.num(arrays[b], axis=1) == counts):
+                raise BalerInputError(
+                    f"input {p}: branches {selected[0]} and {b} have different numbers of objects per entry;"
+                    " choose branches of one collection"
+                )
+        columns = [ak.to_numpy(ak.flatten(arrays[b], axis=1)) for b in selected]
+    else:
+        columns = [ak.to_numpy(arrays[b]) for b in selected]
+    n_rows = len(columns[0])
+    if n_rows == 0:
+        raise BalerInputError(f"input {p}: the selected branches hold no values")
+    data = np.empty((n_rows, len(columns)), dtype=np.float64)
+    for j, col in enumerate(columns):
+        data[:, j] = col
+    return Table(data, names=list(selected), dtypes=[c.dtype.name for c in columns], source=str(p))

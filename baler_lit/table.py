@@ -1,0 +1,246 @@
+"""In-memory data set (:class:`Table`) and safe file writing shared by the data module and compression.
+
+A :class:`Table` holds physical values as float64 plus what is needed to restore the original file:
+column names and the original numpy dtype of every column. Tables are 2-D ``(n_rows, n_columns)``;
+frames (for example CFD snapshots) are ``(n_frames, H, W)`` with one dtype for the whole array and no names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BalerInputError
+
+
+@dataclass
+class Table:
+    """Physical values (float64) with their column names and original dtypes.
+
+    Attributes:
+        data: ``(n_rows, n_columns)`` or ``(n_frames, H, W)`` float64 array.
+        names: column names (tables) or ``[]`` (frames).
+        dtypes: numpy dtype names, one per column (tables) or one for the whole array (frames).
+        source: where the data came from, for error messages.
+    """
+
+    data: np.ndarray
+    names: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        self.data = np.asarray(self.data)
+        if self.data.ndim not in (2, 3):
+            raise BalerInputError(
+                f"{self.source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got shape {self.data.shape}"
+            )
+        if self.data.shape[0] < 1 or 0 in self.data.shape:
+            raise BalerInputError(f"{self.source}: data is empty (shape {self.data.shape})")
+        if self.data.dtype.kind not in "fiub":
+            raise BalerInputError(f"{self.source}: data must be numeric, got dtype {self.data.dtype}")
+        if not self.dtypes:
+            n = 1 if self.is_frames else self.n_columns
+            self.dtypes = [self.data.dtype.name] * n
+        if self.data.dtype != np.float64:
+            self.data = self.data.astype(np.float64)
+        expected = 1 if self.is_frames else self.n_columns
+        if len(self.dtypes) != expected:
+            raise BalerInputError(f"{self.source}: {len(self.dtypes)} dtypes given for {expected} columns")
+        for d in self.dtypes:
+            try:
+                kind = np.dtype(d).kind
+            except TypeError:
+                raise BalerInputError(f"{self.source}: unknown column dtype {d!r}") from None
+            if kind not in "fiub":
+                raise BalerInputError(f"{self.source}: column dtype {d!r} is not numeric")
+        if self.is_frames:
+            self.names = []
+        elif not self.names:
+            self.names = [f"col_{i}" for i in range(self.n_columns)]
+        elif len(self.names) != self.n_columns:
+            raise BalerInputError(
+                f"{self.source}: {len(self.names)} column names for {self.n_columns} columns (column-count mismatch)"
+            )
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        finite = np.isfinite(self.data)
+        if finite.all():
+            return
+        bad = int((~finite).sum())
+        if self.is_frames:
+            raise BalerInputError(f"{self.source}: data contains {bad} non-finite values (NaN/inf)")
+        cols = np.flatnonzero(~finite.all(axis=0))
+        named = ", ".join(repr(self.names[i]) for i in cols[:5])
+        raise BalerInputError(f"{self.source}: data contains {bad} non-finite values (NaN/inf) in column(s) {named}")
+
+    @property
+    def is_frames(self) -> bool:
+        return self.data.ndim == 3
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.data.shape[0])
+
+    @property
+    def n_columns(self) -> int:
+        """Columns of a table; pixels per frame for frames."""
+        return int(np.prod(self.data.shape[1:]))
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.data.shape[1:])
+
+    @property
+    def integer_mask(self) -> np.ndarray:
+        """Boolean per dtype entry: True where the original dtype is an integer or bool type."""
+        return np.array([np.dtype(d).kind in "iub" for d in self.dtypes], dtype=bool)
+
+    @property
+    def original_nbytes(self) -> int:
+        """Bytes of the values in their original dtypes (the denominator-free size used for ratios)."""
+        if self.is_frames:
+            return self.data.size * np.dtype(self.dtypes[0]).itemsize
+        return self.n_rows * sum(np.dtype(d).itemsize for d in self.dtypes)
+
+    def storage_dtype(self) -> np.dtype:
+        """One dtype that holds every column exactly (float32 + int32 → float64)."""
+        return np.result_type(*[np.dtype(d) for d in self.dtypes])
+
+
+#: Largest integer magnitude float32 represents exactly (2^24).
+FLOAT32_EXACT_INT = 2**24
+
+
+class DtypeRestorer:
+    """Casts float64 physical values back to the original column dtypes, chunk by chunk, in place.
+
+    Integer and bool columns are rounded to the nearest integer (Baler truncates) and clipped to the dtype's
+    range and, when known, to the column's observed range ``[lo, hi]``; float16/float32 columns are rounded
+    to their precision. :attr:`storage` is the smallest dtype that holds every column exactly, used for the
+    single restored ``data`` array: float32 when every float column is at most float32 and every integer
+    column's observed range lies within ±2^24, otherwise the common type (float32 + int32 → float64).
+    """
+
+    def __init__(
+        self, dtypes: list[str], frames: bool, lo: np.ndarray | None = None, hi: np.ndarray | None = None
+    ) -> None:
+        kinds = [np.dtype(d) for d in dtypes]
+        self.frames = frames
+        self._kinds = kinds
+        n = len(kinds)
+        lo_arr = None if lo is None else np.broadcast_to(np.asarray(lo, dtype=np.float64).ravel()[:n], (n,))
+        hi_arr = None if hi is None else np.broadcast_to(np.asarray(hi, dtype=np.float64).ravel()[:n], (n,))
+        if frames and lo is not None:
+            lo_arr = np.array([np.min(lo)])
+            hi_arr = np.array([np.max(hi)])
+        self.storage = _storage_dtype(kinds, lo_arr, hi_arr)
+        ints = [j for j, k in enumerate(kinds) if k.kind in "iub"]
+        self._int_idx = np.array(ints, dtype=np.intp)
+        limits = [_int_range(kinds[j]) for j in ints]
+        self._int_lo = np.array([lim[0] for lim in limits], dtype=np.float64)
+        self._int_hi = np.array([lim[1] for lim in limits], dtype=np.float64)
+        if lo_arr is not None and ints:
+            self._int_lo = np.maximum(self._int_lo, np.floor(lo_arr[ints]))
+            self._int_hi = np.minimum(self._int_hi, np.ceil(hi_arr[ints]))
+        self._float_groups = [
+            (k, np.array([j for j, kj in enumerate(kinds) if kj == k], dtype=np.intp))
+            for k in sorted({k for k in kinds if k.kind == "f" and k.itemsize < 8}, key=str)
+        ]
+
+    def apply(self, values: np.ndarray) -> None:
+        """Round ``values`` (float64, ``(rows, columns)`` or frames) in place to what the dtypes can hold."""
+        if self.frames:
+            kind = self._kinds[0]
+            if kind.kind in "iub":
+                np.rint(values, out=values)
+                np.clip(values, self._int_lo[0], self._int_hi[0], out=values)
+            elif kind.itemsize < 8:
+                values[...] = values.astype(kind)
+            return
+        if self._int_idx.size:
+            sub = np.rint(values[:, self._int_idx])
+            np.clip(sub, self._int_lo, self._int_hi, out=sub)
+            values[:, self._int_idx] = sub
+        for kind, idx in self._float_groups:
+            values[:, idx] = values[:, idx].astype(kind)
+
+
+def _storage_dtype(kinds: list[np.dtype], lo: np.ndarray | None, hi: np.ndarray | None) -> np.dtype:
+    common = np.result_type(*kinds)
+    if common != np.float64 or lo is None:
+        return common
+    fits = all(
+        (k.kind == "f" and k.itemsize <= 4)
+        or (k.kind in "iub" and max(abs(lo[j]), abs(hi[j])) <= FLOAT32_EXACT_INT)
+        for j, k in enumerate(kinds)
+    )
+    return np.dtype(np.float32) if fits else common
+
+
+def _int_range(kind: np.dtype) -> tuple[int, int]:
+    if kind.kind == "b":
+        return 0, 1
+    info = np.iinfo(kind)
+    return int(info.min), int(info.max)
+
+
+def restore_dtypes(
+    values: np.ndarray, dtypes: list[str], frames: bool, lo: np.ndarray | None = None, hi: np.ndarray | None = None
+) -> np.ndarray:
+    """Round float64 ``values`` in place to the original dtypes; return them in the storage dtype."""
+    restorer = DtypeRestorer(dtypes, frames, lo, hi)
+    restorer.apply(values)
+    return values.astype(restorer.storage, copy=False)
+
+
+def check_output(path: str | os.PathLike, overwrite: bool) -> Path:
+    """Validate an output file path before any work: parent exists, no silent overwrite."""
+    out = Path(path)
+    if out.exists() and not overwrite:
+        raise BalerInputError(f"output {out} already exists; pass --overwrite to replace it")
+    if out.exists() and out.is_dir():
+        raise BalerInputError(f"output {out} is a directory")
+    if not out.parent.is_dir():
+        raise BalerInputError(f"output directory {out.parent} does not exist")
+    return out
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
+
+    A failure (or interruption) leaves no partial file at ``path`` and removes the temporary file.
+    """
+    out = check_output(path, overwrite)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_npz(
+    path: str | os.PathLike, data: np.ndarray, names: list[str], dtypes: list[str], overwrite: bool = False
+) -> Path:
+    """Write Baler's npz layout (``data``, ``names``) plus ``dtypes``, atomically; ``data`` is written as is."""
+    with atomic_output(path, overwrite) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, data=data, names=np.array(names, dtype=str), dtypes=np.array(dtypes, dtype=str))
+    return Path(path)
+
+
+def save_npz(path: str | os.PathLike, table: Table, overwrite: bool = False) -> Path:
+    """Write ``table`` with its original dtypes restored (see :func:`write_npz`)."""
+    axis = None if table.is_frames else 0
+    lo, hi = table.data.min(axis=axis), table.data.max(axis=axis)
+    data = restore_dtypes(table.data.copy(), table.dtypes, table.is_frames, lo, hi)
+    return write_npz(path, data, table.names, table.dtypes, overwrite)
