@@ -21,6 +21,10 @@ Attribution rule (documented contract of :func:`attribute_energy`):
    op during that piece; pieces where no track runs an op are ``idle`` (Python between ops, waiting).
 4. Hence ``sum(op energies) + idle = window energy`` exactly (up to float rounding), and an op's
    energy is at most the energy of the time it holds.
+
+Where a sensor is an estimate (``Sensor.estimated``, e.g. the CPU estimate from TDP and load) the
+attribution is labelled ``estimated`` (CSV column ``energy_source``, a note under the text table) and
+that sensor's counter tracks are named ``... (W, estimate)`` / ``... (J, estimate)``.
 """
 
 from __future__ import annotations
@@ -174,6 +178,7 @@ class Attribution:
     window_s: float
     idle_J: float
     idle_s: float
+    estimated: bool = False  # some of the window's energy comes from estimated (modelled) sensors
 
     @property
     def ops_J(self) -> float:
@@ -182,9 +187,10 @@ class Attribution:
     def csv_text(self) -> str:
         out = io.StringIO()
         writer = csv.writer(out)
-        writer.writerow(["op", "calls", "time_s", "energy_J", "share_of_step_energy"])
+        writer.writerow(["op", "calls", "time_s", "energy_J", "share_of_step_energy", "energy_source"])
+        source = "estimated" if self.estimated else "measured"
         for r in self.rows:
-            writer.writerow([r.op, r.calls, f"{r.self_time_s:.9g}", f"{r.energy_J:.9g}", f"{r.share:.6g}"])
+            writer.writerow([r.op, r.calls, f"{r.self_time_s:.9g}", f"{r.energy_J:.9g}", f"{r.share:.6g}", source])
         return out.getvalue()
 
     def markdown(self, top: int = 25) -> str:
@@ -199,6 +205,8 @@ class Attribution:
                          f"{sum(r.self_time_s for r in rest) * 1e3:.3f} | {sum(r.energy_J for r in rest) * 1e3:.3f} | "
                          f"{sum(r.share for r in rest):.1%} |")
         lines.append(f"| **window** | | {self.window_s * 1e3:.3f} | {self.window_J * 1e3:.3f} | 100.0% |")
+        if self.estimated:
+            lines.append("\nenergy: ESTIMATED (from modelled sensors), not measured")
         return "\n".join(lines)
 
 
@@ -238,8 +246,9 @@ def self_segments(events: list[tuple[float, float, str]]) -> list[tuple[float, f
     return segments
 
 
-def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float) -> Attribution:
-    """Split the window's measured energy among ops by the module's rule (``offset_us``: trace clock)."""
+def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float, estimated: bool = False) -> Attribution:
+    """Split the window's measured energy among ops by the module's rule (``offset_us``: trace clock;
+    ``estimated``: the curve comes at least partly from estimated sensors)."""
     ws, we = curve.start_s, curve.end_s
     tracks: dict[tuple, list] = {}
     calls: dict[str, int] = {}
@@ -278,15 +287,17 @@ def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float) -
     rows = [OpEnergy(name, calls[name], t, j, share(j)) for name, (t, j) in by_name.items()]
     rows.sort(key=lambda r: (-r.energy_J, r.op))
     rows.append(OpEnergy(IDLE_ROW, 0, idle_s, idle_J, share(idle_J)))
-    return Attribution(rows, window_J, we - ws, idle_J, idle_s)
+    return Attribution(rows, window_J, we - ws, idle_J, idle_s, estimated)
 
 
 # ------------------------------------------------------------------------------------------- trace files
-def counter_events(samples: list[tuple[float, dict]], curve: EnergyCurve, offset_us: float, pid) -> list[dict]:
+def counter_events(samples: list[tuple[float, dict]], curve: EnergyCurve, offset_us: float, pid,
+                   estimated: frozenset[str] | set[str] = frozenset()) -> list[dict]:
     """Chrome counter events (``"ph": "C"``) per sensor: power (W) and energy since the window start (J).
 
     Power tracks hold each sample's reading from its time on; the value in force at the window start
-    opens the track and the last value closes it at the window end.
+    opens the track and the last value closes it at the window end. Tracks of the sensors named in
+    ``estimated`` say so in their names.
     """
     ws, we = curve.start_s, curve.end_s
     events = []
@@ -303,10 +314,12 @@ def counter_events(samples: list[tuple[float, dict]], curve: EnergyCurve, offset
             inside.insert(0, (ws, before[-1]))
         if inside:
             inside.append((we, inside[-1][1]))
+        label = ", estimate" if name in estimated else ""
         for t, watts in inside:
-            events.append({"ph": "C", "name": f"power {name} (W)", "pid": pid, "ts": ts(t), "args": {"W": watts}})
+            events.append({"ph": "C", "name": f"power {name} (W{label})", "pid": pid, "ts": ts(t),
+                           "args": {"W": watts}})
         for t, joules in zip(times, energies):
-            events.append({"ph": "C", "name": f"energy {name} (J)", "pid": pid, "ts": ts(t),
+            events.append({"ph": "C", "name": f"energy {name} (J{label})", "pid": pid, "ts": ts(t),
                            "args": {"J": float(joules - energies[0])}})
     return events
 

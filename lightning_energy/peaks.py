@@ -64,8 +64,11 @@ class Peak:
 
 
 def precision_of(trainer_precision: str | int | None, device_type: str = "cpu") -> str:
-    """The table's precision key for a Trainer precision ('32-true', 'bf16-mixed', '16-mixed', ...)."""
+    """The table's precision key for a Trainer precision ('32-true', 'bf16-mixed', '16-mixed', ...) or a
+    ``SwitchablePrecision`` mode name ('tf32', '16-mixed-noscale', ...)."""
     text = str(trainer_precision if trainer_precision is not None else "32-true").lower()
+    if text == "tf32":
+        return "tf32"
     if text.startswith("64"):
         return "fp64"
     if text.startswith("bf16"):

@@ -14,7 +14,7 @@ def build_precision_report(
     *, fixed_mode: str | None, plan: list[str], tolerance: float, objective: str, chosen: str | None,
     decision: str | None, final_mode: str, phase: str, profiles: dict[str, dict], rejected: dict[str, str],
     trained_per_rank: list[dict[str, dict]], switches: list[dict], checks: list[dict], checks_total: int,
-    skipped_steps: int, estimated: bool,
+    skipped_steps: int, estimated: bool, nonfinite_losses: int = 0,
 ) -> dict:
     """The report as a JSON-ready dict. ``trained_per_rank``: per rank, mode -> steps, energy_J, seconds."""
     trained_modes = {name for rank in trained_per_rank for name in rank}
@@ -60,6 +60,7 @@ def build_precision_report(
         "world_size": len(trained_per_rank),
         "energy_estimated": estimated,
         "skipped_steps": skipped_steps,
+        "nonfinite_losses": nonfinite_losses,
         "modes": rows,
         "switches": list(switches),
         "checks": list(checks[-KEPT_CHECKS:]),
@@ -89,6 +90,8 @@ def format_precision_report(report: dict) -> str:
         )
     for event in report["switches"]:
         lines.append(f"  step {event['step']}: {event['from']} -> {event['to']} ({event['reason']})")
+    if report.get("nonfinite_losses"):
+        lines.append(f"  non-finite training losses: {report['nonfinite_losses']} (all ranks)")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from conftest import TinyRegressor
@@ -34,12 +35,20 @@ class FollowMode(L.Callback):
     Put it after ``PrecisionSwitch`` in the callback list: when the mode has changed it sleeps ``pause_s``,
     changes the simulated power and sleeps ``pause_s`` again, so the change lies far (in sampler intervals)
     from the end mark of the last step of the old mode and from the start mark of the first step of the new
-    one. Each measured window then sees constant power and the expected energies are exact.
+    one. Each measured window then sees constant power and the expected energies are exact. With no
+    ``sensor`` (a callback built from a config) it follows the ModePowerSensor given to the PrecisionSwitch.
     """
 
-    def __init__(self, sensor: ModePowerSensor, pause_s: float = PAUSE_S) -> None:
+    def __init__(self, sensor: ModePowerSensor | None = None, pause_s: float = PAUSE_S) -> None:
         self.sensor = sensor
         self.pause_s = pause_s
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if self.sensor is None:
+            from lightning_energy.callbacks.precision import PrecisionSwitch
+
+            self.sensor = next(s for c in trainer.callbacks if isinstance(c, PrecisionSwitch)
+                               for s in c._user_sensors or () if isinstance(s, ModePowerSensor))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         mode = trainer.precision_plugin.mode_name
@@ -53,21 +62,23 @@ class FaultyRegressor(TinyRegressor):
     """TinyRegressor whose steps sleep ``STEP_SLEEP_S`` and can misbehave from a given step on.
 
     ``fault`` applies only while autocast is on (reduced precision), never in the float32 replay of the
-    probe, from global step ``fault_step`` (for ``fault_steps`` steps, None: for ever):
+    probe (with ``any_mode``: in every mode, float32 included), from global step ``fault_step`` (for
+    ``fault_steps`` steps, None: for ever):
     ``"nan"`` / ``"inf"`` make the loss NaN / infinite, ``"drift"`` multiplies it by 1.1 (a 10 % loss gap), ``"offset"`` adds 100
     (an exploding loss with unchanged gradients). ``ranks``: the ranks that misbehave (None: all).
     """
 
     def __init__(self, fault: str | None = None, fault_step: int = 0, fault_steps: int | None = None,
-                 ranks: tuple[int, ...] | None = None, sleep_s: float = STEP_SLEEP_S) -> None:
+                 ranks: tuple[int, ...] | None = None, sleep_s: float = STEP_SLEEP_S, any_mode: bool = False) -> None:
         super().__init__()
         self.fault, self.fault_step, self.fault_steps, self.ranks = fault, fault_step, fault_steps, ranks
+        self.any_mode = any_mode
         self.sleep_s = sleep_s
         self.losses: list[float] = []
         self.param_dtypes: set[torch.dtype] = set()
 
     def _faulty(self) -> bool:
-        if self.fault is None or not torch.is_autocast_enabled(self.device.type):
+        if self.fault is None or not (self.any_mode or torch.is_autocast_enabled(self.device.type)):
             return False
         if self.ranks is not None and self.global_rank not in self.ranks:
             return False
@@ -94,3 +105,11 @@ class FaultyRegressor(TinyRegressor):
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
         self.param_dtypes.update(p.dtype for p in self.parameters())
+
+
+class SleepyBoringModel(BoringModel):
+    """Lightning's BoringModel whose training steps sleep ``STEP_SLEEP_S``: each step takes at least that long."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(STEP_SLEEP_S)
+        return super().training_step(batch, batch_idx)

@@ -167,6 +167,7 @@ def test_unknown_gpus_and_formats_fall_back_to_measurement():
 
 
 def test_precision_follows_the_trainer():
+    assert precision_of("tf32", "cuda") == "tf32" and precision_of("16-mixed-noscale") == "fp16"  # plugin modes
     assert precision_of("bf16-mixed") == "bf16"
     assert precision_of("16-mixed") == "fp16"
     assert precision_of("64-true") == "fp64"
@@ -236,3 +237,96 @@ def test_example_input_counts_at_fit_start_and_measures_every_step(tmp_path):
 def test_flops_callback_rejects_a_bad_peak():
     with pytest.raises(ValueError, match="peak_flops_per_s"):
         FlopsCallback(peak_flops_per_s=0)
+
+
+# ------------------------------------------------------------------------------ the study's table on baler_lit's AE
+def test_study_table_is_reproduced_for_baler_lits_own_ae():
+    from baler_lit.models import AE
+
+    model = AE(input_shape=(24,), latent_dim=15)
+    dtype = next(model.parameters()).dtype
+    table = count_model(model, torch.randn(512, 24, dtype=dtype))
+    rows = linear_rows(table)
+    assert [r.name for r in rows] == [f"{part}.{i}" for part in ("encoder", "decoder") for i in (0, 2, 4, 6)]
+    assert [r.study_MACs for r in rows] == STUDY_ENCODER + STUDY_DECODER  # CONTEXT.md's reference table
+    assert table.study_MACs == STUDY_TOTAL == 31_283_939
+    assert table.forward_MACs == STUDY_TOTAL - 739  # the same products without the bias additions
+    assert table.params == sum(p.numel() for p in model.parameters()) and table.batch_size == 512
+
+
+# ------------------------------------------------------------------------------ estimated energy is labelled
+@pytest.mark.parametrize("estimated", [False, True], ids=["measured", "estimated"])
+def test_energy_per_gflop_is_labelled_an_estimate_when_the_sensors_are(tmp_path, estimated, caplog):
+    import logging
+
+    callback = FlopsCallback(peak_flops_per_s=PEAK, sensors=[SimulatedSensor("device", POWER_W),
+                                                             SimulatedSensor("cpu", 10.0, estimated=estimated)])
+    trainer = L.Trainer(callbacks=[callback], logger=TensorBoardLogger(str(tmp_path), name="tb"),
+                        **trainer_kwargs(tmp_path, max_epochs=2))
+    with caplog.at_level(logging.INFO):
+        trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert callback.energy_estimated is estimated and callback.estimated_sensors == (["cpu"] if estimated else [])
+    assert [row["energy_estimated"] for row in callback.epochs] == [estimated, estimated]
+    assert trainer.logger.hparams["flops/energy_estimated"] is estimated
+    text = tensorboard(trainer.log_dir).Tensors("flops/table/text_summary")[0].tensor_proto.string_val[0].decode()
+    label = "energy/J_per_GFLOP: ESTIMATED (sensors cpu are estimates)" if estimated else "energy/J_per_GFLOP: measured"
+    assert label in text
+    infos = [r.getMessage() for r in caplog.records if "energy/J_per_GFLOP is an estimate" in r.getMessage()]
+    assert infos == (["FlopsCallback: sensors ['cpu'] are estimates, not measurements, so energy/J_per_GFLOP is an "
+                      "estimate (flops/energy_estimated = True)"] if estimated else [])
+    for row in callback.epochs:  # the figure itself is the same either way: both sensors are summed
+        rate = row["flops/epoch_GFLOP"] * 1e9 / row["steps_s"]
+        assert row["energy/J_per_GFLOP"] == pytest.approx((POWER_W + 10.0) / (rate / 1e9), rel=1e-9)
+
+
+# ------------------------------------------------------------------------------ MFU follows the precision mode
+PEAKS = {"fp32": 2e9, "bf16": 8e9}
+
+
+@pytest.fixture
+def fixed_peaks(monkeypatch):
+    """Known peaks per precision instead of the CPU measurement."""
+    from lightning_energy.peaks import Peak
+
+    monkeypatch.setattr("lightning_energy.callbacks.flops.device_peak",
+                        lambda device, precision: Peak(PEAKS[precision], precision, str(device), "test table", False))
+
+
+def test_mfu_follows_the_precision_switch(tmp_path, fixed_peaks):
+    from lightning_energy.callbacks.precision import PrecisionSwitch
+    from precision_helpers import FollowMode, ModePowerSensor
+
+    sensor = ModePowerSensor({"32-true": 50.0, "bf16-mixed": 500.0})  # 32-true is cheaper: chosen after profiling
+    switch = PrecisionSwitch(candidates=["32-true", "bf16-mixed"], warmup_steps=1, profile_steps=2, probe=False,
+                             sensors=[sensor], interval_s=0.002, verbose=False)
+    callback = FlopsCallback(sensors=[SimulatedSensor("device", POWER_W)])
+    trainer = L.Trainer(callbacks=[callback, switch, FollowMode(sensor, 0.02)], logger=False,
+                        **trainer_kwargs(tmp_path, max_epochs=2))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert [(e["from"], e["to"], e["step"]) for e in switch.switches] == [("32-true", "bf16-mixed", 3),
+                                                                         ("bf16-mixed", "32-true", 6)]
+    per_sample_GFLOP = callback.table.train_FLOPs / 16 / 1e9
+    first, second = callback.epochs
+    # epoch 0: steps 1-2 and 6-9 in float32 (step 0 was counted, not measured), steps 3-5 in bfloat16
+    assert first["GFLOP_by_precision"] == pytest.approx({"fp32": 6 * 16 * per_sample_GFLOP,
+                                                          "bf16": 3 * 16 * per_sample_GFLOP})
+    assert second["GFLOP_by_precision"] == pytest.approx({"fp32": 10 * 16 * per_sample_GFLOP})
+    for row in callback.epochs:
+        ideal_s = sum(gflop * 1e9 / PEAKS[name] for name, gflop in row["GFLOP_by_precision"].items())
+        assert row["flops/mfu"] == pytest.approx(ideal_s / row["steps_s"], rel=1e-12)
+    assert second["flops/mfu"] == pytest.approx(second["flops/rate_GFLOP_per_s"] * 1e9 / PEAKS["fp32"])
+    assert set(callback.peaks) == {"fp32", "bf16"} and callback.peak.precision == "fp32"
+
+
+def test_the_peak_at_fit_start_is_that_of_a_fixed_mode_set_up_after_the_callback(tmp_path, fixed_peaks):
+    from lightning_energy.callbacks.precision import PrecisionSwitch
+
+    callback = FlopsCallback(sensors=[SimulatedSensor("device", POWER_W)])
+    switch = PrecisionSwitch(mode="bf16-mixed", sensors=[SimulatedSensor("device", POWER_W)], verbose=False)
+    trainer = L.Trainer(callbacks=[callback, switch], logger=TensorBoardLogger(str(tmp_path), name="tb"),
+                        **trainer_kwargs(tmp_path, max_epochs=1))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert callback.peak.precision == "bf16" and set(callback.peaks) == {"bf16"}
+    assert trainer.logger.hparams["flops/peak_TFLOP_per_s"] == pytest.approx(PEAKS["bf16"] / 1e12)
+    (row,) = callback.epochs
+    assert row["flops/mfu"] == pytest.approx(row["flops/rate_GFLOP_per_s"] * 1e9 / PEAKS["bf16"])

@@ -23,7 +23,9 @@ from lightning_energy import get_sampler
 from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode
 from lightning_energy.precision import MODE_LEGEND, MODE_NAMES, MODES, SwitchablePrecision, unavailable_reason
 from lightning_energy.precision_probe import _silenced_logging, reference_loss
-from precision_helpers import SAMPLER_INTERVAL_S, FaultyRegressor, FollowMode, ModePowerSensor
+from precision_helpers import (
+    SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, ModePowerSensor, SleepyBoringModel,
+)
 
 HERE = Path(__file__).resolve().parent
 CHEAP_W, DEAR_W = 1.0, 1000.0
@@ -162,6 +164,114 @@ def test_scaler_state_is_saved_and_restored_in_checkpoints(tmp_path):
                   [switch(mode="16-mixed"), ReadScale(), ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
                   max_epochs=3, enable_checkpointing=True, ckpt_path=ckpt_dir / "last.ckpt")
     assert seen == {"scale": saved_scale, "skipped": state["skipped_steps"]}
+
+
+# ---------------------------------------------------------------------------------------------- non-finite steps
+class RecordSteps(L.Callback):
+    """Counts optimizer.step calls (a post-hook); after every batch records the plugin's consecutive_skips
+    and Adam's step counter (which a skipped step leaves unchanged, fused or not).
+
+    ``switch_at``: (batch index, mode) requested at the end of that batch, after recording.
+    """
+
+    def __init__(self, switch_at: tuple[int, str] | None = None):
+        self.calls = 0
+        self.consecutive: list[int] = []
+        self.adam_steps: list[int] = []
+        self.switch_at = switch_at
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.optimizers[0].register_step_post_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.adam_steps.append(max(adam_step_counts(pl_module), default=0))
+        plugin = trainer.precision_plugin
+        if isinstance(plugin, SwitchablePrecision):
+            self.consecutive.append(plugin.consecutive_skips)
+            if self.switch_at and self.switch_at[0] == batch_idx:
+                plugin.request_mode(self.switch_at[1])
+
+
+def nan_fit(tmp_path, model, plugins=None, switch_at=None):
+    """One epoch of 10 steps with ``model``; the step recorder."""
+    recorder = RecordSteps(switch_at)
+    fit(tmp_path, model, [recorder], plugins=plugins, max_epochs=1, logger=False)
+    return recorder
+
+
+def adam_step_counts(model) -> set[int]:
+    """The step counters in Adam's state: optimizer steps that really changed the parameters."""
+    return {int(state["step"]) for state in model.trainer.optimizers[0].state.values() if "step" in state}
+
+
+def skip_runs(skipped: list[int], batches: int = 10) -> list[int]:
+    """The expected consecutive_skips after each batch, given the batches whose step was skipped."""
+    runs, run = [], 0
+    for i in range(batches):
+        run = run + 1 if i in skipped else 0
+        runs.append(run)
+    return runs
+
+
+def test_a_nan_gradient_in_32_true_steps_exactly_as_lightnings_own_plugin(tmp_path):
+    runs = {}
+    for name, plugins in (("lightning", None), ("switchable", [SwitchablePrecision("32-true")])):
+        torch.manual_seed(0)
+        model = AdamRegressor(fault="nan", fault_step=9, fault_steps=1, any_mode=True, sleep_s=0.0)
+        runs[name] = (model, nan_fit(tmp_path / name, model, plugins))
+    (ours, recorder), (theirs, lightning) = runs["switchable"], runs["lightning"]
+    assert type(theirs.trainer.precision_plugin).__name__ == "Precision"
+    assert recorder.calls == lightning.calls == 10  # the NaN step is taken, not skipped
+    assert adam_step_counts(ours) == adam_step_counts(theirs) == {10}
+    assert ours.trainer.precision_plugin.skipped_steps == 0 and recorder.consecutive == [0] * 10
+    assert ours.losses[:9] == theirs.losses[:9] and all(math.isfinite(v) for v in ours.losses[:9])
+    for mine, reference in zip(ours.parameters(), theirs.parameters()):
+        assert not torch.isfinite(mine).any()  # the NaN gradient went into the parameters, as in Lightning
+        torch.testing.assert_close(mine, reference, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_nan_gradient_in_bf16_mixed_is_skipped_and_counted(tmp_path):
+    model = AdamRegressor(fault="nan", fault_step=4, fault_steps=2, sleep_s=0.0)
+    recorder = nan_fit(tmp_path, model, [SwitchablePrecision("bf16-mixed")])
+    plugin = model.trainer.precision_plugin
+    assert plugin.skipped_steps == 2 and recorder.calls == 8 and adam_step_counts(model) == {8}
+    assert recorder.consecutive == [0, 0, 0, 0, 1, 2, 0, 0, 0, 0]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class FusedAdamRegressor(FaultyRegressor):
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.02, fused=True)
+
+
+@pytest.mark.parametrize("model_class", [AdamRegressor, FusedAdamRegressor], ids=["adam", "fused-adam"])
+def test_gradient_scaler_skips_are_detected_and_counted(tmp_path, model_class):
+    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    torch.manual_seed(0)
+    model = model_class(fault="nan", fault_step=4, fault_steps=2, sleep_s=0.0)
+    recorder = nan_fit(tmp_path, model, [SwitchablePrecision("16-mixed")])
+    plugin = model.trainer.precision_plugin
+    fused = _optimizer_handles_unscaling(model.trainer.optimizers[0])
+    assert fused is (model_class is FusedAdamRegressor)  # fused Adam unscales (and skips) inside its step
+    # the ground truth: the batches after which Adam's step counter did not advance (the initial scale of
+    # 65536 may overflow float16 in the first steps too: real scaler skips, counted as well)
+    skipped = [i for i, n in enumerate(recorder.adam_steps) if n == ([0, *recorder.adam_steps][i])]
+    assert {4, 5} <= set(skipped) and len(skipped) < 6
+    assert plugin.skipped_steps == len(skipped)
+    assert recorder.consecutive == skip_runs(skipped)
+    assert plugin.scaler.get_scale() == 65536.0 / 2 ** len(skipped)  # backed off once per skipped step
+    # a fused step runs (and skips inside) every time, so only the scale can tell a skip apart
+    assert recorder.calls == (10 if fused else 10 - len(skipped))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_consecutive_skips_restart_when_the_mode_changes(tmp_path):
+    model = AdamRegressor(fault="nan", fault_step=2, sleep_s=0.0)  # every autocast step from step 2 is NaN
+    recorder = nan_fit(tmp_path, model, [SwitchablePrecision("bf16-mixed")], switch_at=(4, "16-mixed-noscale"))
+    plugin = model.trainer.precision_plugin
+    assert plugin.mode_name == "16-mixed-noscale" and plugin.skipped_steps == 8
+    assert recorder.consecutive == [0, 0, 1, 2, 3, 1, 2, 3, 4, 5]  # back to 0 at the switch after batch 4
 
 
 # ---------------------------------------------------------------------------------------------- profile, pick
@@ -311,9 +421,53 @@ def test_tensorboard_gets_a_text_entry_per_switch(tmp_path):
     acc = EventAccumulator(trainer.log_dir, size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("precision/mode/text_summary")]
-    assert texts == ["step 5: 32-true -> bf16-mixed (profiling 2/2)"]
+    assert texts == ["step 0: starts in 32-true (profiling 1/2)", "step 5: 32-true -> bf16-mixed (profiling 2/2)"]
     assert {e.value for e in acc.Scalars("precision/mode")} == {1.0, 3.0}
     assert "precision/bf16-mixed/loss_gap" in acc.Tags()["scalars"]
+    assert trainer.logger.hparams["precision/start_mode"] == "32-true"
+    assert trainer.logger.hparams["precision/mode_legend"] == MODE_LEGEND
+
+
+def test_every_logger_gets_the_starting_mode_and_the_legend(tmp_path):
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    loggers = [CSVLogger(str(tmp_path), name="csv"), TensorBoardLogger(str(tmp_path), name="tb")]
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [switch(mode="bf16-mixed")], max_epochs=1,
+                  logger=loggers)
+    hparams = yaml.safe_load((Path(loggers[0].log_dir) / "hparams.yaml").read_text())
+    assert hparams["precision/start_mode"] == "bf16-mixed" and hparams["precision/mode_legend"] == MODE_LEGEND
+    assert "3 = bf16-mixed" in MODE_LEGEND  # decodes the numeric precision/mode of the CSV
+    with open(Path(loggers[0].log_dir) / "metrics.csv", newline="") as fh:
+        assert {float(r["precision/mode"]) for r in csv.DictReader(fh) if r.get("precision/mode")} == {3.0}
+    acc = EventAccumulator(loggers[1].log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("precision/mode/text_summary")]
+    assert texts == ["step 0: starts in bf16-mixed (fixed mode)"]
+    assert trainer.precision_plugin.mode_name == "bf16-mixed"
+
+
+def test_nan_losses_in_the_reference_mode_are_reported_without_falling_back(tmp_path):
+    sensor, follow = cost_model("32-true")  # 32-true is the cheapest: it is chosen and then guarded
+    # from step 12 (after profiling 2 x 5 steps) the loss is NaN in every mode, float32 included
+    model = FaultyRegressor(fault="nan", fault_step=12, any_mode=True, sleep_s=0.0)
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"])
+    with pytest.warns(UserWarning, match="non-finite training losses") as caught:
+        trainer = fit(tmp_path, model, [callback, follow], max_epochs=2)
+    warned = [str(w.message) for w in caught if "non-finite training losses" in str(w.message)]
+    assert len(warned) == 1  # once, though every later check sees NaN losses
+    assert "in '32-true', which is not a reduced precision: there is no safer mode" in warned[0]
+    assert callback.chosen == "32-true" and trainer.precision_plugin.mode_name == "32-true"
+    assert [e["reason"] for e in callback.switches] == ["profiling 2/2", callback.decision]  # no fallback
+    assert trainer.precision_plugin.skipped_steps == 0  # 32-true steps as Lightning does: nothing skipped
+    nonfinite = sum(1 for v in model.losses if not math.isfinite(v))
+    assert nonfinite == 20 - 12 and callback.nonfinite_losses == nonfinite  # every step from 12 on
+    assert [c["nonfinite_losses"] for c in callback.checks] == [0, 2, 2, 2, 2]  # a check every 2 steps from 10
+    assert callback.report["nonfinite_losses"] == nonfinite
+    with open(Path(trainer.log_dir) / "metrics.csv", newline="") as fh:
+        key = "precision/nonfinite_losses"
+        logged = [float(r[key]) for r in csv.DictReader(fh) if r.get(key)]
+    assert logged[-1] == nonfinite
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
@@ -422,22 +576,53 @@ def test_a_cuda_only_candidate_is_dropped_on_cpu_with_a_warning(tmp_path):
     assert {r["mode"]: r["status"] for r in callback.report["modes"]}["tf32"].startswith("unavailable")
 
 
-def test_lightning_cli_config(tmp_path, monkeypatch):
+def test_lightning_cli_config_fits_and_logs_the_profiled_modes(tmp_path, monkeypatch):
     from lightning.pytorch.cli import LightningCLI
-    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+    from lightning.pytorch.demos.boring_classes import BoringDataModule
 
     config = HERE.parent / "configs" / "precision_switch.yaml"
+    watts = {"32-true": 300.0, "bf16-mixed": 40.0, "16-mixed": 120.0, "16-mixed-noscale": 200.0}
+    sensors = [{"class_path": "precision_helpers.ModePowerSensor", "init_args": {"watts_by_mode": watts}}]
     monkeypatch.setattr("sys.argv", ["lightning-cli"])
     cli = LightningCLI(
-        BoringModel, BoringDataModule, run=False, save_config_kwargs={"overwrite": True},
+        SleepyBoringModel, BoringDataModule, run=False, save_config_kwargs={"overwrite": True},
         args=["--config", str(config), "--seed_everything=1", "--trainer.max_epochs=1",
-              "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-              f"--trainer.default_root_dir={tmp_path}"],
+              "--trainer.limit_train_batches=16", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
+              "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+              "--trainer.enable_model_summary=false",
+              "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
+              f"--trainer.default_root_dir={tmp_path}",
+              # the YAML's PrecisionSwitch (the last callback), shortened, on a simulated cost model
+              "--trainer.callbacks.init_args.warmup_steps=1", "--trainer.callbacks.init_args.profile_steps=2",
+              "--trainer.callbacks.init_args.verbose=false",
+              f"--trainer.callbacks.init_args.sensors={json.dumps(sensors)}",
+              f"--trainer.callbacks.init_args.interval_s={SAMPLER_INTERVAL_S}",
+              "--trainer.callbacks+=precision_helpers.FollowMode", "--trainer.callbacks.init_args.pause_s=0.05"],
     )
+    from lightning_energy import EnergyCallback
+
+    (energy,) = [c for c in cli.trainer.callbacks if isinstance(c, EnergyCallback)]
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, PrecisionSwitch)]
+    (follow,) = [c for c in cli.trainer.callbacks if isinstance(c, FollowMode)]
+    assert cli.trainer.callbacks.index(follow) > cli.trainer.callbacks.index(callback)
     assert callback.mode is None
     assert callback.candidates == ["32-true", "bf16-mixed", "16-mixed", "16-mixed-noscale"]
     assert callback.tolerance == 0.02 and callback.check_every_n_steps == 50 and callback.objective == "energy"
+    energy.verbose = False
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+    assert cli.trainer.global_step == 16 and list(callback.profiles) == list(watts)
+    with open(Path(cli.trainer.log_dir) / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    logged = {key: float(r[key]) for r in rows for key in r if key.startswith("precision/") and r[key]}
+    for name, power_W in watts.items():
+        step_s = logged[f"precision/{name}/step_s"]
+        assert logged[f"precision/{name}/power_W"] == pytest.approx(power_W, rel=1e-9)  # the cost model
+        assert STEP_SLEEP_S <= step_s < STEP_SLEEP_S + 1.0  # every step sleeps STEP_SLEEP_S
+        assert logged[f"precision/{name}/step_J"] == pytest.approx(power_W * step_s, rel=1e-9)
+        assert step_s == pytest.approx(callback.profiles[name]["step_s"], rel=1e-6)
+    assert callback.chosen == "bf16-mixed" == cli.trainer.precision_plugin.mode_name  # the cheapest in J/step
+    assert logged["precision/switches"] == 4.0 and logged["precision/mode"] == MODES["bf16-mixed"].code
 
 
 # ---------------------------------------------------------------------------------------------- DDP, GPU

@@ -63,6 +63,7 @@ def test_trace_gets_power_counters_inside_the_profiled_window(tmp_path):
     energy_track = [e for e in counters if e["name"] == "energy host (J)"]
     assert energy_track[-1]["args"]["J"] == pytest.approx(HOST_W * window.window_s, rel=1e-9)
     assert 0 <= meta["clock_uncertainty_us"] < 1000  # the sync markers pin the offset well under a millisecond
+    assert meta["estimated"] is False and meta["estimated_sensors"] == []
     assert window.window_J == pytest.approx((DEVICE_W + HOST_W) * window.window_s, rel=1e-9)
 
 
@@ -82,7 +83,8 @@ def test_attribution_conserves_the_window_energy_and_is_saved(tmp_path):
         for r in a.rows:
             assert r.energy_J == pytest.approx((DEVICE_W + HOST_W) * r.self_time_s, rel=1e-6, abs=1e-12)
         rows = list(csv.DictReader(io.StringIO(window.csv_path.read_text())))
-        assert list(rows[0]) == ["op", "calls", "time_s", "energy_J", "share_of_step_energy"]
+        assert list(rows[0]) == ["op", "calls", "time_s", "energy_J", "share_of_step_energy", "energy_source"]
+        assert {r["energy_source"] for r in rows} == {"measured"}
         assert rows[-1]["op"] == IDLE_ROW
         assert sum(float(r["energy_J"]) for r in rows) == pytest.approx(window.window_J, rel=1e-6)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -91,9 +93,36 @@ def test_attribution_conserves_the_window_energy_and_is_saved(tmp_path):
     acc.Reload()
     assert "energy/ops/text_summary" in acc.Tags()["tensors"]
     text = acc.Tensors("energy/ops/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert "aten::addmm" in text and "share of step energy" in text
+    assert "aten::addmm" in text and "share of step energy" in text and "ESTIMATED" not in text
     logged = [e.value for e in acc.Scalars("profiler/window_J")]
     assert logged == pytest.approx([w.window_J for w in callback.windows], rel=1e-6)
+
+
+def test_estimated_sensors_are_labelled_in_trace_csv_and_table(tmp_path, caplog):
+    import logging
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    estimate = [SimulatedSensor("device", DEVICE_W), SimulatedSensor("host", HOST_W, scope="host", estimated=True)]
+    callback = EnergyProfiler(wait=0, warmup=1, active=2, sensors=estimate, interval_s=0.002)
+    with caplog.at_level(logging.INFO):
+        trainer = profiled_fit(tmp_path, callback)
+    (window,) = callback.windows
+    assert window.attribution.estimated is True
+    trace = json.loads(window.trace_path.read_text())
+    assert trace["lightningEnergy"]["estimated"] is True and trace["lightningEnergy"]["estimated_sensors"] == ["host"]
+    names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "C"}
+    assert names == {"power device (W)", "energy device (J)", "power host (W, estimate)", "energy host (J, estimate)"}
+    rows = list(csv.DictReader(io.StringIO(window.csv_path.read_text())))
+    assert {r["energy_source"] for r in rows} == {"estimated"}
+    assert sum(float(r["energy_J"]) for r in rows) == pytest.approx((DEVICE_W + HOST_W) * window.window_s, rel=1e-6)
+    acc = EventAccumulator(trainer.log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    text = acc.Tensors("energy/ops/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert text.endswith("energy: ESTIMATED (from modelled sensors), not measured")
+    infos = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EnergyProfiler: sensors")]
+    assert infos == ["EnergyProfiler: sensors ['host'] are estimates, not measurements; the energy in the traces "
+                     "and per-op tables is labelled estimated"]
 
 
 def test_training_ending_inside_the_active_steps_keeps_the_partial_window(tmp_path):

@@ -15,6 +15,7 @@ from lightning_energy import distributed
 from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import Mark
 from lightning_energy.precision import (
+    MODE_LEGEND,
     MODES,
     REFERENCE_MODE,
     SwitchablePrecision,
@@ -54,7 +55,10 @@ class PrecisionSwitch(Callback):
        (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
        skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
        the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` at
-       ``drift_patience`` checks in a row. A rejected mode is not used again in this fit.
+       ``drift_patience`` checks in a row. A rejected mode is not used again in this fit. Non-finite losses
+       in ``32-true`` or ``64-true`` have no safer mode to fall back to and are not caused by reduced
+       precision: they are counted (``precision/nonfinite_losses``) and warned about once per mode, and
+       training goes on in that mode (those modes step exactly as Lightning's own plugin does).
 
     With ``mode="bf16-mixed"`` (any mode, ``64-true`` included) the run stays in that mode: no profiling and
     no switching, but the gap is still measured and logged at every check, so sweeps can compare modes.
@@ -72,11 +76,15 @@ class PrecisionSwitch(Callback):
     - ``precision/loss_gap``: the relative loss gap to ``32-true`` at each check.
     - ``precision/switches``: the number of mode changes so far, logged at each change.
     - ``precision/skipped_steps``: optimizer steps skipped for non-finite gradients so far, at each check.
+    - ``precision/nonfinite_losses``: non-finite training losses so far (summed over ranks), at each check.
 
-    With a TensorBoard logger each mode change is also a text entry ``precision/mode`` ("step N: a -> b
-    (reason)"). At the end of fit ``precision_report.json`` in the log dir holds a per-mode table (profiled
-    energy and time per step, loss gap, status; steps, energy and time trained in each mode) and every
-    switch with its reason; with ``verbose`` the table is printed.
+    At the start of training every logger gets the hyperparameters ``precision/start_mode`` (the mode's
+    name) and ``precision/mode_legend`` (the legend above), so that loggers without text can decode
+    ``precision/mode``. With a TensorBoard logger the start ("step N: starts in a (reason)") and each mode
+    change ("step N: a -> b (reason)") are also text entries ``precision/mode``. At the end of fit
+    ``precision_report.json`` in the log dir holds a per-mode table (profiled energy and time per step, loss
+    gap, status; steps, energy and time trained in each mode), every switch with its reason and the legend;
+    with ``verbose`` the table is printed.
 
     Args:
         candidates: modes to choose from (default ``["32-true", "bf16-mixed", "16-mixed"]``). ``32-true`` is
@@ -177,6 +185,7 @@ class PrecisionSwitch(Callback):
         self.switches: list[dict] = []
         self.checks: list[dict] = []  # the latest KEPT_CHECKS guard checks
         self.checks_total = 0
+        self.nonfinite_losses = 0  # non-finite training losses seen at checks and in profiles, all ranks
         self._local_profiles: dict[str, dict] = {}
         self._profile_index = 0
         self._steps_in_mode = 0
@@ -270,6 +279,21 @@ class PrecisionSwitch(Callback):
         self._skips_before = self.plugin.skipped_steps
         self._window = _LossWindow(trainer.strategy.root_device)
         self._log_every = max(int(trainer.log_every_n_steps), 0)
+        self._announce_start(trainer)
+
+    def _announce_start(self, trainer: Trainer) -> None:
+        """The starting mode: hyperparameters for every logger, a text entry for TensorBoard."""
+        mode = self.plugin.pending_mode or self.plugin.mode_name
+        if self.phase == "fixed":
+            reason = "fixed mode"
+        elif self.phase == "profiling":
+            reason = f"profiling {self._profile_index + 1}/{len(self.plan)}"
+        else:
+            reason = f"resumed; {self.decision}" if self.decision else "resumed"
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_hyperparams({"precision/start_mode": mode, "precision/mode_legend": MODE_LEGEND})
+        self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({reason})")
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._meter.clock.reanchor()
@@ -373,12 +397,15 @@ class PrecisionSwitch(Callback):
         for name, row in self.profiles.items():
             if row["status"].startswith("rejected"):
                 self.rejected[name] = row["status"]
+            self.nonfinite_losses += row["nonfinite_losses"]
+            if row["nonfinite_losses"] and not MODES[name].reduced:
+                self._warn_unguarded_nonfinite(name, row["nonfinite_losses"], "while profiling")
         means = [row["mean_loss"] for row in self.profiles.values() if row["mean_loss"] is not None]
         self._best_loss = min(means, default=math.inf)
         self.phase = "guarding"
         self.chosen, self.decision = decision["chosen"], decision["reason"]
         self._since_check = 0
-        metrics = {}
+        metrics = {"precision/nonfinite_losses": float(self.nonfinite_losses)}
         for name, row in self.profiles.items():
             for key, metric in (("step_J", "step_J"), ("step_s", "step_s"), ("power_W", "power_W"),
                                 ("loss_gap", "loss_gap")):
@@ -393,12 +420,19 @@ class PrecisionSwitch(Callback):
         stats = trainer.strategy.reduce(self._window.take(), reduce_op="sum").tolist()
         gap = stats[_GAP_SUM] / stats[_GAP_N] if stats[_GAP_N] else None
         mean_loss = stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None
-        metrics = {"precision/skipped_steps": float(self.plugin.skipped_steps)}
+        nonfinite = int(stats[_NONFINITE])
+        self.nonfinite_losses += nonfinite
+        metrics = {"precision/skipped_steps": float(self.plugin.skipped_steps),
+                   "precision/nonfinite_losses": float(self.nonfinite_losses)}
         if gap is not None:
             metrics["precision/loss_gap"] = gap
         self._log(trainer, metrics)
         step = trainer.global_step
-        self.checks.append({"step": step, "mode": self.current, "loss_gap": gap, "mean_loss": mean_loss})
+        self.checks.append({"step": step, "mode": self.current, "loss_gap": gap, "mean_loss": mean_loss,
+                            "nonfinite_losses": nonfinite})
+        if nonfinite and not MODES[self.current].reduced:
+            self._warn_unguarded_nonfinite(self.current, nonfinite, f"in the {self.check_every_n_steps} steps "
+                                                                    f"before step {step}")
         self.checks_total += 1
         if len(self.checks) > KEPT_CHECKS:
             del self.checks[0]
@@ -412,6 +446,15 @@ class PrecisionSwitch(Callback):
             self._best_loss = min(self._best_loss, mean_loss)
         if verdict is not None:
             self._fall_back(trainer, self.current, verdict)
+
+    def _warn_unguarded_nonfinite(self, mode: str, count: int, when: str) -> None:
+        """Non-finite losses in a mode with nothing safer to fall back to: warn once per mode, train on."""
+        self._warn_once(
+            f"nonfinite:{mode}",
+            f"PrecisionSwitch: {count} non-finite training losses {when} in {mode!r}, which is not a reduced "
+            "precision: there is no safer mode to fall back to, so training goes on in it (check the learning "
+            "rate, the data and the model; the count is logged as precision/nonfinite_losses)",
+        )
 
     def _guard_verdict(self, mean_loss: float | None, gap: float | None, nonfinite: float) -> str | None:
         if nonfinite and MODES[self.current].reduced:
@@ -466,6 +509,10 @@ class PrecisionSwitch(Callback):
         self._log(trainer, {"precision/switches": float(len(self.switches))})
         text = f"step {event['step']}: {previous} -> {mode} ({reason})"
         rank_zero_info(f"PrecisionSwitch: {text}")
+        self._mode_text(trainer, text)
+
+    def _mode_text(self, trainer: Trainer, text: str) -> None:
+        """A ``precision/mode`` text entry for each TensorBoard logger (rank zero)."""
         if trainer.is_global_zero:
             from lightning.pytorch.loggers import TensorBoardLogger
 
@@ -512,7 +559,8 @@ class PrecisionSwitch(Callback):
                     chosen=self.chosen, decision=self.decision, final_mode=self.plugin.mode_name, phase=self.phase,
                     profiles=self.profiles, rejected=self.rejected, trained_per_rank=gathered,
                     switches=self.switches, checks=self.checks, checks_total=self.checks_total,
-                    skipped_steps=self.plugin.skipped_steps, estimated=self._estimated,
+                    skipped_steps=self.plugin.skipped_steps, nonfinite_losses=self.nonfinite_losses,
+                    estimated=self._estimated,
                 )
         return trainer.is_global_zero
 
@@ -526,6 +574,7 @@ class PrecisionSwitch(Callback):
             "switches": list(self.switches),
             "local_profiles": dict(self._local_profiles), "profile_index": self._profile_index,
             "best_loss": self._best_loss, "checks": list(self.checks), "checks_total": self.checks_total,
+            "nonfinite_losses": self.nonfinite_losses,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -538,6 +587,7 @@ class PrecisionSwitch(Callback):
                                  f"PrecisionSwitch is fixed to {self.mode!r}")
             self.switches = list(state.get("switches", []))
             self.checks, self.checks_total = list(state.get("checks", [])), int(state.get("checks_total", 0))
+            self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
             return
         if list(state.get("plan", [])) != self.plan:
             raise ValueError(f"the checkpoint profiled modes {state.get('plan')}, this PrecisionSwitch would "
@@ -549,6 +599,7 @@ class PrecisionSwitch(Callback):
         self.checks_total = int(state.get("checks_total", len(self.checks)))
         self._local_profiles, self._profile_index = dict(state["local_profiles"]), int(state["profile_index"])
         self._best_loss = float(state["best_loss"])
+        self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
 
 
 class _LossWindow:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy.io import atomic_write_text
 from lightning_energy.meter import Mark, measure
@@ -65,11 +65,15 @@ class EnergyProfiler(Callback):
     - ``<host>_<pid>.<ns>.pt.trace.json``: the trace from ``torch.profiler.tensorboard_trace_handler``,
       rewritten atomically with counter tracks ``power <sensor> (W)`` (every sample of the window) and
       ``energy <sensor> (J)`` (since the window start), aligned to the trace's clock (see
-      :mod:`lightning_energy.op_energy`), plus a ``lightningEnergy`` entry (window, clock offset).
-    - ``op_energy_step<global step>.csv``: columns ``op, calls, time_s, energy_J, share_of_step_energy``,
-      the window's measured energy split among operators by the rule in
+      :mod:`lightning_energy.op_energy`), plus a ``lightningEnergy`` entry (window, clock offset,
+      ``estimated`` and ``estimated_sensors``).
+    - ``op_energy_step<global step>.csv``: columns ``op, calls, time_s, energy_J, share_of_step_energy,
+      energy_source``, the window's measured energy split among operators by the rule in
       :mod:`lightning_energy.op_energy` (innermost op per thread/stream holds the time; concurrent ops
       share equally; the rest is the idle row), so the ops and the idle row add up to the window.
+      ``energy_source`` is ``estimated`` when a sensor of this rank is an estimate (the CPU estimate from
+      TDP and load, for one), else ``measured``; the text table and the counter tracks say so too, and
+      an info message says it once at setup.
 
     Logged (rank zero, at the global step that ends the window): ``profiler/window_J``,
     ``profiler/window_s``, ``profiler/window_W``, ``profiler/idle_J`` and, with TensorBoard, the text
@@ -148,6 +152,7 @@ class EnergyProfiler(Callback):
         self._windows_opened = 0
         self._log_dir: Path | None = None
         self._trainer: Trainer | None = None
+        self.estimated_sensors: list[str] = []  # this rank's sensors that are estimates
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -169,6 +174,10 @@ class EnergyProfiler(Callback):
         self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
         for note in self._session.notes:
             rank_zero_warn(note)
+        self.estimated_sensors = sorted(s.name for s in self._session.sensors if s.estimated)
+        if self.estimated_sensors:
+            rank_zero_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
+                           "energy in the traces and per-op tables is labelled estimated")
         self._session.sampler.add_listener(self._recorder)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -290,9 +299,10 @@ class EnergyProfiler(Callback):
         offset, uncertainty = clock_offset_us(events, window.syncs, trace.get("baseTimeNanoseconds"),
                                          window.unix_minus_perf_s)
         curve = EnergyCurve.from_window(window.start.t, window.start.energy, end.t, end.energy, samples)
-        attribution = attribute_energy(events, curve, offset)
+        estimated = set(self.estimated_sensors) & set(measured.energy_J)
+        attribution = attribute_energy(events, curve, offset, estimated=bool(estimated))
         pid = next((e.get("pid") for e in events if e.get("name") == SYNC_MARKER), os.getpid())
-        counters = counter_events(samples, curve, offset, pid)
+        counters = counter_events(samples, curve, offset, pid, estimated)
         events.extend(counters)
         trace["lightningEnergy"] = {
             "window_start_ts_us": window.start.t * 1e6 + offset,
@@ -305,6 +315,8 @@ class EnergyProfiler(Callback):
             "samples": len(samples),
             "samples_dropped": self._recorder.dropped,
             "extrapolated": measured.extrapolated,
+            "estimated": bool(estimated),
+            "estimated_sensors": sorted(estimated),
         }
         write_chrome_trace(trace_path, trace)
         step = trainer.global_step
