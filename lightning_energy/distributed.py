@@ -19,12 +19,15 @@ def gather(trainer, value: Any) -> list[Any]:
 
 
 def merge(values: list[dict]) -> dict:
-    """Merge per-rank dicts: numbers and per-sensor dicts are summed, ``seconds`` takes the slowest rank."""
+    """Merge per-rank dicts: numbers and per-sensor dicts are summed, lists concatenated, ``seconds`` takes
+    the slowest rank."""
     merged: dict = {}
     for value in values:
         for key, item in value.items():
             if key == "seconds":
                 merged[key] = max(merged.get(key, 0.0), item)
+            elif isinstance(item, list):
+                merged.setdefault(key, []).extend(item)
             elif isinstance(item, dict):
                 bucket = merged.setdefault(key, {})
                 for name, joules in item.items():

@@ -19,15 +19,19 @@ from lightning_energy.clocks import HostClock
 
 
 class Mark:
-    """A boundary on the sampler's clock: ``t`` (s) and, once resolved, cumulative J per sensor."""
+    """A boundary on the sampler's clock: ``t`` (s) and, once resolved, cumulative J per sensor.
 
-    __slots__ = ("t", "token", "energy", "extrapolated")
+    ``stale``: sensors that had failed before ``t``; their energy here is frozen at their last good sample.
+    """
+
+    __slots__ = ("t", "token", "energy", "extrapolated", "stale")
 
     def __init__(self, token: Any, t: float | None) -> None:
         self.token = token
         self.t = t
         self.energy: dict[str, float | None] | None = None
         self.extrapolated = False
+        self.stale: tuple[str, ...] = ()
 
     @property
     def resolved(self) -> bool:
@@ -36,7 +40,11 @@ class Mark:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Energy (J) per sensor over ``[start_s, end_s]`` (sampler clock, s)."""
+    """Energy (J) per sensor over ``[start_s, end_s]`` (sampler clock, s).
+
+    ``missing``: sensors whose figures do not cover the whole window (failed before or inside it, or
+    never read); a sensor that failed inside the window still has its energy up to its last good sample.
+    """
 
     start_s: float
     end_s: float
@@ -58,14 +66,20 @@ class Measurement:
 
 
 def measure(start: Mark, end: Mark) -> Measurement:
-    """The measurement between two resolved marks."""
+    """The measurement between two resolved marks.
+
+    A sensor that fails inside the window counts up to its last good sample (and is ``missing``); one
+    that failed before the window counts nothing (and is ``missing``).
+    """
     energy, missing = {}, []
     for name, e_end in end.energy.items():
         e_start = start.energy.get(name)
-        if e_end is None or e_start is None:
+        if e_end is None or e_start is None or name in start.stale:
             missing.append(name)
-        else:
-            energy[name] = e_end - e_start
+            continue
+        energy[name] = e_end - e_start
+        if name in end.stale:
+            missing.append(name)
     return Measurement(start.t, end.t, energy, tuple(missing), start.extrapolated or end.extrapolated)
 
 
@@ -139,7 +153,11 @@ class Meter:
         return marks[0].t if marks and marks[0].t is not None else None
 
     def resolve(self, series: dict, force_until: Mark | None = None) -> None:
-        """Resolve what the samples cover; with ``force_until``, extrapolate up to that mark."""
+        """Resolve what the samples cover; with ``force_until``, extrapolate up to that mark.
+
+        A failed sensor resolves at once: interpolated before its last good sample, frozen there after
+        (the mark lists it in ``stale``), so energy measured before a failure is never lost.
+        """
         marks = self._pending_marks
         while marks:
             mark = marks[0]
@@ -150,19 +168,23 @@ class Meter:
                     if not forcing:
                         break
                     mark.t = time.perf_counter()
-            energy = {}
+            energy, stale = {}, []
             for name in self.sensor_names:
                 s = series.get(name)
                 if s is None:
                     energy[name] = None
-                elif s.covers(mark.t) or not s.live:
+                elif s.covers(mark.t):
                     energy[name] = s.energy_at(mark.t)
+                elif not s.live:
+                    energy[name] = s.last_energy_J
+                    stale.append(name)
                 elif forcing:
                     energy[name] = s.extrapolate(mark.t)
                     mark.extrapolated = True
                 else:
                     break
             else:
+                mark.stale = tuple(stale)
                 mark.energy = energy
                 marks.popleft()
                 if mark is force_until:

@@ -76,5 +76,11 @@ def format_report(report: dict) -> str:
         lines.append(f"sections in the JSON report: {', '.join(sorted(report['sections']))}")
     for s in report["sensors"]:
         if s.get("failure"):
-            lines.append(f"note: sensor {s['name']} (rank {s['rank']}) failed: {s['failure']}; later figures exclude it")
+            since = s.get("missing_from_s")
+            when = f"from {since:.2f} s after fit start" if since is not None else "from its failure"
+            lines.append(f"note: sensor {s['name']} (rank {s['rank']}) failed: {s['failure']}; its figures are "
+                         f"missing {when} (energy up to then is counted)")
+    gaps = [str(e["epoch"]) for e in report["epochs"] if e.get("missing_sensors")]
+    if gaps:
+        lines.append(f"note: epoch(s) {', '.join(gaps)} lack some sensors' figures (see missing_sensors in the JSON)")
     return "\n".join(lines)

@@ -44,6 +44,16 @@ class SensorSeries:
     def live(self) -> bool:
         return self.failure is None
 
+    @property
+    def last_time_s(self) -> float | None:
+        """Time (s, sampler clock) of the last point: for a failed sensor, its last good sample."""
+        return self.times[-1] if self.times else None
+
+    @property
+    def last_energy_J(self) -> float | None:
+        """Cumulative energy (J) at the last point; a failed sensor's figure stays there for good."""
+        return self.energies[-1] if self.energies else None
+
     def add_reading(self, t: float, value: float) -> None:
         """Add one reading taken at time ``t``: joules for counters, watts for power sensors."""
         self._last_read_t = t

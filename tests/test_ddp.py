@@ -1,5 +1,6 @@
 """DDP on two CPU ranks: device sensors of both ranks plus the host sensor counted once."""
 
+import csv
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 HERE = Path(__file__).resolve().parent
 DEVICE_W, HOST_W = 80.0, 25.0  # as in ddp_fit.py
@@ -34,3 +36,18 @@ def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
         assert epoch["steps"] == 2 * 10  # 320 rows / 2 ranks / batch 16, summed over ranks
     assert (report_path.parent / "energy_trace.csv").exists()
     assert (report_path.parent / "energy_trace_rank1.csv").exists()
+    # energy/total_J is all ranks' and logged at epoch ends only; the step-level figure is rank 0's, by name
+    with open(report_path.parent / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    totals = [float(r["energy/total_J"]) for r in rows if r["energy/total_J"]]
+    assert totals == pytest.approx([e["total_J"] for e in report["epochs"]], rel=1e-6)
+    rank0 = [(int(r["step"]), float(r["energy/rank0_total_J"])) for r in rows if r["energy/rank0_total_J"]]
+    assert len(rank0) == 10 and [j for _, j in rank0] == sorted(j for _, j in rank0)  # 20 steps, every 2nd
+    epoch0_end_step = next(int(r["step"]) for r in rows if r["energy/total_J"])
+    assert max(j for step, j in rank0 if step <= epoch0_end_step) < totals[0]  # one rank's share only
+    # the mid-epoch checkpoint holds all ranks' energy up to the moment of saving
+    saved = torch.load(tmp_path / "ckpt" / "step=15.ckpt", weights_only=False)
+    state = next(v for k, v in saved["callbacks"].items() if k.startswith("EnergyCallback"))
+    assert state["open_epoch"] == 1 and len(state["epochs"]) == 1
+    assert report["epochs"][0]["total_J"] < state["total_J"] < report["epochs"][1]["total_J"]
+    assert state["total_J"] == pytest.approx((2 * DEVICE_W + HOST_W) * state["duration_s"], rel=0.1)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import csv
 import json
 import threading
+import time
 
 import lightning as L
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers.logger import Logger
 
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
+from lightning_energy.report import format_report
 from lightning_energy.trace import read_trace
 
 DEVICE_W, HOST_W = 120.0, 30.0
@@ -57,7 +60,11 @@ def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
     assert acc.Tags()["tensors"], "custom scalars layout missing"
     layout = acc.Tensors("custom_scalars__config__")[0]
     assert b"energy/step_J" in layout.tensor_proto.string_val[0]
+    assert b"energy/epoch_J" in layout.tensor_proto.string_val[0]
     assert b"train/loss" in layout.tensor_proto.string_val[0]
+    totals = [e.value for e in acc.Scalars("energy/total_J")]  # step level and epoch ends, one process
+    assert len(totals) == 10 + 2 and totals == sorted(totals)
+    assert "energy/rank0_total_J" not in tags  # the rank-local figure is for DDP only
 
 
 def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
@@ -140,7 +147,10 @@ def test_trace_files_hold_samples_and_events(tmp_path):
     assert not list(tmp_path.rglob("*.partial"))
 
 
-def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_path):
+def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_path, monkeypatch):
+    empty_powercap = tmp_path / "powercap"  # hermetic: no RAPL zones, whatever this machine has
+    empty_powercap.mkdir()
+    monkeypatch.setattr("lightning_energy.sensors.rapl.POWERCAP_ROOT", empty_powercap)
     callback = EnergyCallback(verbose=False)
     fit(tmp_path, callback, max_epochs=1)
     report = callback.report
@@ -151,17 +161,84 @@ def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_pat
     assert report["estimated_J"] == pytest.approx(report["total_J"]) and report["total_J"] > 0
 
 
-def test_a_failing_sensor_warns_once_and_training_goes_on(tmp_path):
+class RecordingLogger(Logger):
+    """A minimal third-party logger (MLflow and others implement the same interface)."""
+
+    name = "recording"
+    version = 0
+
+    def __init__(self):
+        super().__init__()
+        self.metrics: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def values(self, name: str) -> list[float]:
+        return [float(m[name]) for _, m in self.metrics if name in m]
+
+
+class SlowSteps(TinyRegressor):
+    """Training steps of at least 20 ms, so that a run lasts a known minimum time."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.02)
+        return super().training_step(batch, batch_idx)
+
+
+FAIL_AFTER_S = 0.25  # the device sensor's failure, s after it is opened; epochs of >= 0.2 s, so epoch 2 is after it
+
+
+def test_a_failing_sensor_keeps_its_energy_until_the_failure_and_training_goes_on(tmp_path):
+    device = SimulatedSensor("device", DEVICE_W, fail_after_s=FAIL_AFTER_S)
+    callback = EnergyCallback(sensors=[device, SimulatedSensor("host", HOST_W, scope="host")], verbose=False,
+                              interval_s=0.01)
+    logger = RecordingLogger()
+    trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, max_epochs=3))
+    with pytest.warns(UserWarning, match="rank 0: sensor 'device' failed") as record:
+        trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48))
+    assert sum("sensor 'device' failed" in str(w.message) for w in record) == 1  # once, not per step
+    assert trainer.current_epoch == 3  # training finished
+    report = callback.report
+    by_name = {s["name"]: s for s in report["sensors"]}
+    assert "simulated failure" in by_name["device"]["failure"]
+    assert by_name["host"]["failure"] is None and by_name["host"]["missing_from_s"] is None
+    assert by_name["host"]["energy_J"] == pytest.approx(HOST_W * report["duration_s"], rel=1e-9)
+    # the device's energy up to its last good sample is kept: the exact integral of its trace up to then
+    missing_from_s = by_name["device"]["missing_from_s"]
+    last_good = callback._fit_start.t + missing_from_s - device._origin  # s after the sensor was opened
+    assert FAIL_AFTER_S - 0.2 < last_good <= FAIL_AFTER_S
+    assert by_name["device"]["energy_J"] == pytest.approx(DEVICE_W * missing_from_s, rel=1e-9)
+    assert by_name["device"]["energy_J"] == pytest.approx(
+        device.energy_at(last_good) - device.energy_at(callback._fit_start.t - device._origin), rel=1e-9)
+    assert report["total_J"] == pytest.approx(by_name["host"]["energy_J"] + by_name["device"]["energy_J"], rel=1e-12)
+    # the epochs after the failure are flagged and get no device energy
+    last = report["epochs"][-1]
+    assert last["missing_sensors"] == [{"sensor": "device", "rank": 0}] and "device" not in last["per_sensor_J"]
+    assert "missing from" in format_report(report) and "lack some sensors" in format_report(report)
+    # the running total never goes down, step level and epoch level alike
+    totals = logger.values("energy/total_J")
+    assert len(totals) == 15 + 3 and totals == sorted(totals)
+    assert totals[-1] == pytest.approx(last["total_J"], rel=1e-6)  # logged by pl_module.log as float32
+
+
+def test_a_failure_on_a_rank_other_than_zero_is_warned_there(tmp_path, monkeypatch):
+    """Ranks != 0 must warn too: rank_zero_warn would stay silent there."""
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     sensors = [SimulatedSensor("device", DEVICE_W, fail_after_s=0.0), SimulatedSensor("host", HOST_W, scope="host")]
-    callback = EnergyCallback(sensors=sensors, verbose=False)
-    with pytest.warns(UserWarning, match="sensor 'device' failed") as record:
-        trainer = fit(tmp_path, callback)
+    callback = EnergyCallback(sensors=sensors, verbose=False, write_trace=False)
+    trainer = L.Trainer(callbacks=[callback], logger=False, **trainer_kwargs(tmp_path))
+    monkeypatch.setattr(SingleDeviceStrategy, "global_rank", property(lambda self: 1), raising=False)
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    with pytest.warns(UserWarning, match="rank 1: sensor 'device' failed") as record:
+        trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
     assert sum("sensor 'device' failed" in str(w.message) for w in record) == 1
     assert trainer.current_epoch == 2  # training finished
-    by_name = {s["name"]: s for s in callback.report["sensors"]}
-    assert "simulated failure" in by_name["device"]["failure"]
-    assert by_name["host"]["failure"] is None
-    assert by_name["host"]["energy_J"] == pytest.approx(HOST_W * callback.report["duration_s"], rel=1e-9)
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
@@ -171,10 +248,10 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     trainer = L.Trainer(callbacks=[first, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
                         **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
     trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
-    saved = __import__("torch").load(ckpt_dir / "last.ckpt", weights_only=False)
-    state = next(v for k, v in saved["callbacks"].items() if k.startswith("EnergyCallback"))
-    assert state["total_J"] == pytest.approx(first.report["epochs"][-1]["total_J"])
+    state = energy_state(ckpt_dir / "last.ckpt")
     assert len(state["epochs"]) == 2
+    assert state["total_J"] == pytest.approx((DEVICE_W + HOST_W) * state["duration_s"], rel=1e-9)  # at save time
+    assert first.report["epochs"][-1]["total_J"] <= state["total_J"] <= first.report["total_J"]
 
     second = EnergyCallback(sensors=simulated_sensors(), verbose=False)
     trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
@@ -187,6 +264,93 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     assert report["total_J"] == pytest.approx(state["total_J"] + session_J, rel=1e-12)
     assert report["epochs"][2]["total_J"] > state["total_J"]
     assert float(trainer.logged_metrics["energy/total_J"]) == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-5)
+
+
+def energy_state(path) -> dict:
+    import torch
+
+    saved = torch.load(path, weights_only=False)
+    return next(v for k, v in saved["callbacks"].items() if k.startswith("EnergyCallback"))
+
+
+@pytest.mark.filterwarnings("ignore:.*resuming from a checkpoint that ended before the epoch ended")
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(tmp_path):
+    ckpt_dir = tmp_path / "ckpt"
+    power_W = DEVICE_W + HOST_W
+    first = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=15, save_top_k=-1, filename="{step}")
+    trainer = L.Trainer(callbacks=[first, checkpoint], **trainer_kwargs(tmp_path, enable_checkpointing=True))
+    trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48))
+    state = energy_state(ckpt_dir / "step=15.ckpt")  # 5 steps into the second epoch
+    assert len(state["epochs"]) == 1 and state["open_epoch"] == 1
+    assert state["duration_s"] > first.report["epochs"][0]["train_s"] + 5 * 0.02
+    assert state["total_J"] == pytest.approx(power_W * state["duration_s"], rel=1e-9)
+    assert state["total_J"] > first.report["epochs"][0]["total_J"] + power_W * 5 * 0.02  # the open epoch's steps
+    assert state["train_J"] + state["validation_J"] < state["total_J"]
+
+    second = EnergyCallback(sensors=simulated_sensors(), verbose=False)
+    logger = RecordingLogger()
+    checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=15, save_top_k=-1, filename="{step}")
+    trainer = L.Trainer(callbacks=[second, checkpoint], logger=logger,
+                        **trainer_kwargs(tmp_path, max_epochs=3, enable_checkpointing=True))
+    trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt_dir / "step=15.ckpt")
+    report = second.report
+    assert report["resumed"]["total_J"] == state["total_J"]
+    assert report["total_J"] == pytest.approx(state["total_J"] + power_W * (report["duration_s"] - state["duration_s"]),
+                                              rel=1e-9)
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1, 2]
+    assert report["epochs"][1].get("resumed_mid_epoch") is True and "resumed_mid_epoch" not in report["epochs"][2]
+    totals = logger.values("energy/total_J")
+    assert totals == sorted(totals) and totals[0] > state["total_J"]
+    # the total continues from the saved value: saved + constant power x time since the new fit started
+    since_resume_s = second._last_epoch_end.t - second._fit_start.t
+    assert report["epochs"][-1]["total_J"] == pytest.approx(state["total_J"] + power_W * since_resume_s, rel=1e-9)
+    assert totals[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-6)
+
+
+def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch):
+    """The Zeus cross-check covers the same interval as energy/epoch_J, even with long validation."""
+    import types
+
+    from lightning_energy.sensors.zeus import ZeusBackend
+
+    class FakeMonitor:
+        """ZeusMonitor's window API, measuring the same constant power on the same clock."""
+
+        def __init__(self):
+            self.windows: list[tuple[float, float]] = []
+            self._begin = None
+
+        def begin_window(self, name, sync_execution=True, restart=False):
+            self._begin = time.perf_counter()
+
+        def end_window(self, name, sync_execution=True):
+            self.windows.append((self._begin, time.perf_counter()))
+            joules = (DEVICE_W + HOST_W) * (self.windows[-1][1] - self.windows[-1][0])
+            return types.SimpleNamespace(gpu_energy={0: joules}, cpu_energy=None, dram_energy=None)
+
+    monitor = FakeMonitor()
+    monkeypatch.setattr("lightning_energy.session.zeus_sensors",
+                        lambda cuda_index, read_host: (simulated_sensors(), ZeusBackend(None, False, monitor=monitor)))
+
+    class SlowValidation(TinyRegressor):
+        def validation_step(self, batch, batch_idx):
+            time.sleep(0.05)
+            return super().validation_step(batch, batch_idx)
+
+    callback = EnergyCallback(backend="zeus", verbose=False)
+    logger = RecordingLogger()
+    trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, num_sanity_val_steps=0))
+    trainer.fit(SlowValidation(), tiny_loader(), tiny_loader(n=48))
+    assert len(monitor.windows) == 4  # per epoch: the training steps, then the bit after validation
+    zeus, ours = logger.values("energy/zeus_epoch_J"), logger.values("energy/epoch_J")
+    val = logger.values("energy/val_epoch_J")
+    assert len(zeus) == len(ours) == 2
+    for z, o, v in zip(zeus, ours, val):
+        assert v > o  # validation (>= 150 ms) outweighs training: including it would be far off
+        assert z == pytest.approx(o, rel=0.02, abs=0.2)
+    assert [row["zeus_J"] for row in callback.report["epochs"]] == pytest.approx(zeus, rel=1e-6)
 
 
 @pytest.mark.parametrize("loop", ["test", "validate"])
@@ -244,24 +408,6 @@ def test_arguments_are_validated_at_construction(kwargs, error, match):
 
 
 def test_any_lightning_logger_receives_the_metrics(tmp_path):
-    from lightning.pytorch.loggers.logger import Logger
-
-    class RecordingLogger(Logger):
-        """A minimal third-party logger (MLflow and others implement the same interface)."""
-
-        def __init__(self):
-            super().__init__()
-            self.metrics: list[tuple[int, dict]] = []
-
-        name = "recording"
-        version = 0
-
-        def log_metrics(self, metrics, step=None):
-            self.metrics.append((step, dict(metrics)))
-
-        def log_hyperparams(self, params, *args, **kwargs):
-            pass
-
     logger = RecordingLogger()
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
     trainer = fit(tmp_path, callback, logger)

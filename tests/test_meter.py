@@ -114,6 +114,33 @@ def test_failed_sensor_is_flagged_and_others_go_on(manual_sampler, clock):
     m = measure(start, end)
     assert m.energy_J["good"] == pytest.approx(50.0, rel=1e-9)
     assert m.missing == ("bad",)
+    # the energy before the failure stays: the exact integral up to the last good sample (~0.2 s after open)
+    last_good_s = manual_sampler.series["bad"].last_time_s
+    assert 0.19 - 1e-9 <= last_good_s - bad._origin <= 0.2
+    assert m.energy_J["bad"] == pytest.approx(bad.energy_at(last_good_s - bad._origin), rel=1e-12)
+
+
+def test_a_failure_never_lowers_the_running_total(manual_sampler, clock):
+    good = SimulatedSensor("good", 100.0, clock=clock)
+    bad = SimulatedSensor("bad", 50.0, kind="energy", clock=clock, fail_after_s=0.25)
+    meter = setup_meter(manual_sampler, clock, [good, bad])
+    fit_start = meter.mark()
+    steps = []
+    for _ in range(10):  # ten 0.1 s steps; the sensor fails in the third
+        start = meter.mark()
+        tick(manual_sampler, clock, 0.1)
+        steps.append((start, meter.mark()))
+    tick(manual_sampler, clock, 0.02)
+    end = steps[-1][1]
+    windows = [measure(a, b) for a, b in steps]
+    running = [measure(fit_start, b).total_J for _, b in steps]
+    assert running == sorted(running) and running[-1] > running[2]
+    last_good_s = manual_sampler.series["bad"].last_time_s
+    assert measure(fit_start, end).energy_J["bad"] == pytest.approx(50.0 * (last_good_s - fit_start.t), rel=1e-12)
+    assert [("bad" in w.missing, "bad" in w.energy_J) for w in windows[:2]] == [(False, True)] * 2
+    assert windows[2].missing == ("bad",) and windows[2].energy_J["bad"] > 0  # partial: up to the last sample
+    assert all(w.missing == ("bad",) and "bad" not in w.energy_J for w in windows[3:])  # nothing after it
+    assert all(w.energy_J["good"] == pytest.approx(10.0, rel=1e-9) for w in windows)
 
 
 def test_unresolved_mark_is_extrapolated_when_forced(manual_sampler, clock):

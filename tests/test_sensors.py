@@ -298,9 +298,43 @@ def test_zeus_backend_reads_through_the_monitor_device_layer():
     assert [s.energy_j() for s in sensors] == [pytest.approx(12.0), pytest.approx(3.0), pytest.approx(0.5)]
 
 
-def test_zeus_backend_without_devices_fails_with_a_clear_message():
+def test_zeus_backend_without_devices_fails_with_a_clear_message(monkeypatch):
+    from lightning_energy.sensors.zeus import _import_zeus_monitor
+
+    _import_zeus_monitor()  # imports zeus quietly (amdsmi prints without ROCm)
+    from zeus.device.cpu.common import ZeusCPUInitError
+    from zeus.monitor import energy as zeus_energy
+
+    def no_rapl():  # hermetic: as on a machine without RAPL, whatever this one has
+        raise ZeusCPUInitError("RAPL unavailable (test)")
+
+    monkeypatch.setattr(zeus_energy, "get_cpus", no_rapl)
     with pytest.raises(RuntimeError, match="Zeus found no GPU or RAPL"):
         zeus_sensors(None, read_host=True)
+
+
+def test_zeus_epoch_figure_leaves_validation_out():
+    """Zeus's epoch figure: windows opened at epoch start, closed over validation, summed at epoch end."""
+    calls = []
+
+    class FakeMonitor:
+        def begin_window(self, name, sync_execution=True, restart=False):
+            calls.append(("begin", name, sync_execution))
+
+        def end_window(self, name, sync_execution=True):
+            calls.append(("end", name, sync_execution))
+            joules = 10.0 * sum(c[0] == "end" for c in calls)  # 10 J, then 20 J, ...
+            return types.SimpleNamespace(gpu_energy={0: joules}, cpu_energy={0: 1.0}, dram_energy=None)
+
+    backend = ZeusBackend(None, False, monitor=FakeMonitor())
+    backend.begin_epoch()
+    backend.pause_epoch()  # validation inside the epoch
+    backend.pause_epoch()  # no window open: nothing to close
+    backend.resume_epoch()
+    assert backend.end_epoch() == pytest.approx((10.0 + 1.0) + (20.0 + 1.0))
+    backend.resume_epoch()  # validation after the epoch (or in trainer.validate): no window opens
+    assert [c[0] for c in calls] == ["begin", "end", "begin", "end"]
+    assert all(c[2] is False for c in calls)  # never synchronises the device
 
 
 def test_import_prints_nothing():

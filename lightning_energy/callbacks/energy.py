@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +35,25 @@ class EnergyCallback(Callback):
 
     - ``energy/step_J``, ``power/step_W``, ``time/step_s``: one training step (this rank's sensors plus
       host sensors on local rank 0), at the Trainer's ``log_every_n_steps``.
-    - ``energy/total_J``: energy since fit start (all ranks at epoch end; this rank at step level),
-      continuing across resumes.
+    - ``energy/total_J``: energy of all ranks since the first fit started, continuing across resumes; at
+      every epoch end, and (single process only) also at the step-level logging steps. Under DDP the
+      step-level figure would need a collective per step, so it is not logged there; instead:
+    - ``energy/rank0_total_J`` (DDP only, step level): rank 0's sensors alone (its device plus its
+      node's host sensors) since this fit started; a lower bound of the all-rank figure, never mixed in.
     - ``energy/epoch_J``, ``power/epoch_W``, ``time/epoch_s``, ``edp/epoch_Js`` (energy x time): one
       training epoch without its validation, summed over ranks (time: slowest rank).
     - ``energy/epoch_J/<sensor name>``: the same per sensor.
     - ``energy/epoch_between_steps_J``: the epoch's energy outside the steps (data loading, hooks).
     - ``energy/val_epoch_J``, ``power/val_epoch_W``, ``time/val_epoch_s``; ``energy/test_epoch_J``,
       ``power/test_epoch_W``, ``time/test_epoch_s``: validation and test loops, measured separately.
-    - ``energy/zeus_epoch_J``: with ``backend="zeus"``, Zeus's own ``ZeusMonitor`` window per epoch.
-    - progress bar: ``energy_kJ``.
+    - ``energy/zeus_epoch_J``: with ``backend="zeus"``, Zeus's own ``ZeusMonitor`` windows over the
+      same interval as ``energy/epoch_J`` (closed while validation runs), summed over ranks.
+    - progress bar: ``energy_kJ``, the ``energy/total_J`` figure (under DDP updated at epoch ends only).
+
+    A sensor that fails mid-run is warned about once, on the rank where it fails; its energy up to its
+    last good sample stays counted, later windows get none from it, and the report flags the sensor
+    (``missing_from_s``: seconds after fit start from which its figures are missing) and the epochs it
+    misses (``missing_sensors``).
 
     With a TensorBoard logger also: a custom-scalars layout placing the training loss beside
     ``energy/step_J`` and ``energy/epoch_J``, and a figure ``power/trace`` of each epoch's power.
@@ -131,6 +141,10 @@ class EnergyCallback(Callback):
         self._failures_seen = 0
         self._notes: list[str] = []
         self._log_every = 50
+        self._trainer: Trainer | None = None  # while set up: state_dict gathers over its ranks
+        self._rank = 0
+        self._epoch_open = False
+        self._final_state: dict | None = None
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -155,6 +169,8 @@ class EnergyCallback(Callback):
             self._sampler.add_listener(self._trace)
         self._log_dir = log_dir
         self._log_every = max(int(trainer.log_every_n_steps), 0)
+        self._trainer, self._rank = trainer, trainer.global_rank
+        self._step_total_key = "energy/total_J" if trainer.world_size == 1 else "energy/rank0_total_J"
         self._tb = TensorBoardExtras.for_trainer(trainer) if trainer.is_global_zero else None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -176,6 +192,7 @@ class EnergyCallback(Callback):
             self._trace.close()
         self.trace_path = self._trace.trace_path if self._trace is not None else None
         self._meter = None
+        self._trainer = None
 
     def _event(self, name: str, mark: Mark | None = None, epoch: int | None = None, step: int | None = None) -> None:
         if self._trace is not None:
@@ -190,16 +207,23 @@ class EnergyCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._event("train_start")
+        loop = trainer.fit_loop
+        if getattr(loop, "restarted_mid_epoch", False) or getattr(loop, "restarted_on_epoch_end", False):
+            self._start_epoch(trainer)  # resumed inside an epoch: Lightning skips on_train_epoch_start
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start_epoch(trainer)
+
+    def _start_epoch(self, trainer: Trainer) -> None:
         self._meter.clock.reanchor()
         self._epoch = trainer.current_epoch
         self._epoch_loop = trainer.fit_loop.epoch_loop
+        if self._zeus is not None:  # Zeus's windows open and close next to our marks: the same interval
+            self._zeus.begin_epoch()
         self._epoch_start = self._meter.mark()
         self._val_in_epoch, self._val_s_in_epoch = {}, 0.0
+        self._epoch_open = True
         self._power.start_epoch()
-        if self._zeus is not None:
-            self._zeus.begin_epoch()
         self._event("epoch_start", self._epoch_start, epoch=trainer.current_epoch)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -219,35 +243,49 @@ class EnergyCallback(Callback):
 
     def _log_step_results(self, trainer: Trainer) -> None:
         results = self._meter.results
-        latest_total = None
+        single = trainer.world_size == 1
+        running_J = None
         while results:
             (step, end), m = results.popleft()
-            latest_total = self._resumed_total_J() + _energy_between(self._fit_start, end)
+            # this process's sensors since this fit started: the whole total only in a single process
+            running_J = measure(self._fit_start, end).total_J + (self._resumed_total_J() if single else 0.0)
             metrics = {"energy/step_J": m.total_J, "power/step_W": m.mean_power_W, "time/step_s": m.duration_s,
-                       "energy/total_J": latest_total}
+                       self._step_total_key: running_J}
             if trainer.is_global_zero:
                 for logger in trainer.loggers:
                     logger.log_metrics(metrics, step=step)
-        if latest_total is not None:
-            # Written straight into the progress bar's dict: `pl_module.log` costs ~1 ms per call here.
-            trainer.progress_bar_metrics["energy_kJ"] = round(latest_total / 1000.0, 3)
+        if running_J is not None and single:
+            self._show_total(trainer, running_J)
+
+    @staticmethod
+    def _show_total(trainer: Trainer, total_J: float) -> None:
+        # Written straight into the progress bar's dict: `pl_module.log` costs ~1 ms per call here.
+        trainer.progress_bar_metrics["energy_kJ"] = round(total_J / 1000.0, 3)
 
     def _warn_failures(self) -> None:
+        """Warn once per failed sensor, on the rank where it failed (not only on rank zero)."""
         failures = self._sampler.failures
         mine = set(self._meter.sensor_names)
         for failure in list(failures)[self._failures_seen:]:
             if failure.name in mine and failure.name not in self._warned_failures:
                 self._warned_failures.add(failure.name)
-                rank_zero_warn(
-                    f"lightning-energy: sensor {failure.name!r} failed ({failure.message}); training goes on, "
-                    "its figures from now on are missing and the report flags it."
+                after_s = failure.t - self._fit_start.t if self._fit_start is not None else 0.0
+                warnings.warn(
+                    f"lightning-energy: rank {self._rank}: sensor {failure.name!r} failed "
+                    f"{after_s:.2f} s after fit start ({failure.message}); training goes on, its energy up to "
+                    "its last good sample stays counted, later figures lack it and the report flags them.",
+                    UserWarning, stacklevel=2,
                 )
         self._failures_seen = len(failures)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         meter = self._meter
-        end = meter.wait(meter.mark())
+        end = meter.mark()
+        if self._zeus is not None:
+            self._zeus.pause_epoch()
+        end = meter.wait(end)
         self._last_epoch_end = end
+        self._epoch_open = False
         self._log_step_results(trainer)
         self._warn_failures()
         epoch = trainer.current_epoch
@@ -260,15 +298,17 @@ class EnergyCallback(Callback):
             "steps_J": steps.total_J if steps else 0.0,
             "steps": steps.count if steps else 0,
             "validation_J": sum(self._val_in_epoch.values()),
+            "fit_J": measure(self._fit_start, end).total_J,
+            "missing": [{"sensor": name, "rank": trainer.global_rank} for name in window.missing],
         }
+        if self._zeus is not None:
+            local["zeus_J"] = self._zeus.end_epoch()
         merged = distributed.merge(distributed.gather(trainer, local))
         epoch_J = sum(merged["energy"].values())
         epoch_s = merged["seconds"]
         self._session_train_J += sum(train_energy.values())
-        zeus_J = self._zeus.end_epoch() if self._zeus is not None else None
-        if zeus_J is not None:
-            zeus_J = sum(distributed.gather(trainer, zeus_J))
-        total_J = self._resumed_total_J() + sum(distributed.gather(trainer, _energy_between(self._fit_start, end)))
+        zeus_J = merged.get("zeus_J")
+        total_J = self._resumed_total_J() + merged["fit_J"]
         metrics = {
             "energy/epoch_J": epoch_J,
             "power/epoch_W": epoch_J / epoch_s if epoch_s > 0 else 0.0,
@@ -287,7 +327,10 @@ class EnergyCallback(Callback):
             "edp_Js": epoch_J * epoch_s, "steps": merged["steps"], "steps_J": merged["steps_J"],
             "between_steps_J": metrics["energy/epoch_between_steps_J"], "validation_J": merged["validation_J"],
             "per_sensor_J": merged["energy"], "total_J": total_J, **({"zeus_J": zeus_J} if zeus_J is not None else {}),
+            **({"missing_sensors": merged["missing"]} if merged["missing"] else {}),
+            **({"resumed_mid_epoch": True} if self._resumed.get("open_epoch") == epoch and self._first_epoch() else {}),
         })
+        self._show_total(trainer, total_J)
         self._event("epoch_end", end, epoch=epoch)
         if self._tb is not None:
             self._tb.after_epoch(trainer, epoch, self._power.take() if self.log_power_figure else None)
@@ -298,6 +341,7 @@ class EnergyCallback(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         end = self._meter.wait(self._meter.mark())
         self._event("fit_end", end)
+        self._final_state = self._cumulative_state(trainer, end)  # for a checkpoint saved after the fit
         summaries = distributed.gather(trainer, self._rank_summary(trainer, measure(self._fit_start, end)))
         sections = {}  # other callbacks' tables (e.g. PrecisionSwitch's per-mode table); collective
         for callback in trainer.callbacks:
@@ -330,12 +374,18 @@ class EnergyCallback(Callback):
         for sensor in self._sensors:
             joules = fit.energy_J.get(sensor.name, 0.0)
             s = series.get(sensor.name)
+            missing_from_s = None  # seconds after fit start from which the sensor's figures are missing
+            if s is None:
+                missing_from_s = 0.0
+            elif s.failure is not None:
+                missing_from_s = max((s.last_time_s if s.last_time_s is not None else fit.start_s) - fit.start_s, 0.0)
             sensors.append({
                 **sensor.describe(),
                 "rank": trainer.global_rank,
                 "energy_J": joules,
                 "mean_power_W": joules / fit.duration_s if fit.duration_s > 0 else 0.0,
                 "failure": s.failure if s is not None else "not sampled",
+                "missing_from_s": missing_from_s,
             })
         return {
             "rank": trainer.global_rank,
@@ -351,11 +401,15 @@ class EnergyCallback(Callback):
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
             self._loop_start = self._meter.mark()
+            if self._zeus is not None:
+                self._zeus.pause_epoch()  # Zeus's epoch figure leaves validation out, like ours
             self._event("validation_start", self._loop_start, epoch=trainer.current_epoch)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or self._loop_start is None:
             return
+        if self._zeus is not None:
+            self._zeus.resume_epoch()
         m = self._end_loop(trainer, pl_module, "val")
         if self._trace is not None:
             self._trace.event("validation_end", m.end_s, epoch=trainer.current_epoch)
@@ -386,23 +440,45 @@ class EnergyCallback(Callback):
     def _resumed_total_J(self) -> float:
         return self._resumed.get("total_J", 0.0)
 
+    def _first_epoch(self) -> bool:
+        """True while the first epoch of this fit is being closed (its row not yet appended)."""
+        return len(self._epochs) == len(self._resumed.get("epochs", []))
+
     def state_dict(self) -> dict[str, Any]:
-        if self._fit_start is None or self._last_epoch_end is None or not self._last_epoch_end.resolved:
-            return dict(self._resumed)
+        """Cumulative figures of all ranks up to now (J, s), for resume.
+
+        Saving a checkpoint waits (once, not per step) until the samples cover the moment of saving, so
+        a mid-epoch checkpoint keeps the energy since the last finished epoch. Collective under DDP, as
+        Lightning saves checkpoints on every rank.
+        """
+        if self._meter is not None and self._fit_start is not None and self._trainer is not None:
+            return self._cumulative_state(self._trainer, self._meter.wait(self._meter.mark()))
+        if self._final_state is not None:
+            return dict(self._final_state)
+        return dict(self._resumed)
+
+    def _cumulative_state(self, trainer: Trainer, end: Mark) -> dict[str, Any]:
+        """Totals since the first fit up to ``end`` over all ranks (collective): total, train and
+        validation J (the open epoch's training so far included), duration s (slowest rank)."""
+        train_J = self._session_train_J
+        if self._epoch_open:
+            open_epoch = measure(self._epoch_start, end).total_J - sum(self._val_in_epoch.values())
+            if self._loop_start is not None:  # saved while validation runs: that part is not training
+                open_epoch -= measure(self._loop_start, end).total_J
+            train_J += open_epoch
+        fit = measure(self._fit_start, end)
+        merged = distributed.merge(distributed.gather(trainer, {
+            "total_J": fit.total_J, "train_J": train_J, "validation_J": self._session_validation_J,
+            "seconds": fit.duration_s,
+        }))
         resumed = self._resumed
-        return {
-            "total_J": self._epochs[-1]["total_J"] if self._epochs else self._resumed_total_J(),
-            "train_J": resumed.get("train_J", 0.0) + self._session_train_J,
-            "validation_J": resumed.get("validation_J", 0.0) + self._session_validation_J,
-            "duration_s": resumed.get("duration_s", 0.0) + (self._last_epoch_end.t - self._fit_start.t),
-            "epochs": list(self._epochs),
-        }
+        state = {key: resumed.get(key, 0.0) + merged[key] for key in ("total_J", "train_J", "validation_J")}
+        state["duration_s"] = resumed.get("duration_s", 0.0) + merged["seconds"]
+        state["epochs"] = list(self._epochs)
+        if self._epoch_open:
+            state["open_epoch"] = trainer.current_epoch
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = dict(state_dict)
         self._epochs = list(self._resumed.get("epochs", []))
-
-
-def _energy_between(start: Mark, end: Mark) -> float:
-    """Total J between two resolved marks over the sensors present in both."""
-    return sum(e - start.energy[n] for n, e in end.energy.items() if e is not None and start.energy.get(n) is not None)

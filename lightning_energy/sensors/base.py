@@ -54,7 +54,8 @@ class Sensor:
         return {}
 
     def open(self) -> None:
-        """Acquire resources; called once on the sampling thread before the first read."""
+        """Acquire resources; called once before the first read, on the thread that acquires the sampler
+        (the training thread, in a callback's ``setup``), not on the sampling thread."""
 
     def close(self) -> None:
         """Release resources; called once after the last read."""

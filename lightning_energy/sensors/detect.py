@@ -8,7 +8,8 @@ from pathlib import Path
 from lightning_energy.sensors.base import Sensor
 from lightning_energy.sensors.estimate import CpuEstimateSensor
 from lightning_energy.sensors.nvml import NvmlGpuSensor, load_pynvml, nvml_index_for_cuda_device
-from lightning_energy.sensors.rapl import POWERCAP_ROOT, RaplSensor, find_rapl_zones, unreadable_rapl_message
+from lightning_energy.sensors import rapl
+from lightning_energy.sensors.rapl import RaplSensor, find_rapl_zones, unreadable_rapl_message
 
 BACKENDS = ("auto", "zeus")
 
@@ -16,13 +17,16 @@ BACKENDS = ("auto", "zeus")
 def default_sensors(
     cuda_index: int | None,
     read_host: bool,
-    powercap_root: Path = POWERCAP_ROOT,
+    powercap_root: Path | None = None,
 ) -> tuple[list[Sensor], list[str]]:
     """Sensors for this rank and the warnings to show once (rank zero).
 
     ``cuda_index``: this rank's CUDA device (after CUDA_VISIBLE_DEVICES), or None on CPU.
     ``read_host``: read host sensors (local rank 0 only).
+    ``powercap_root``: where RAPL zones are looked for (default ``rapl.POWERCAP_ROOT``, read at call time).
     """
+    if powercap_root is None:
+        powercap_root = rapl.POWERCAP_ROOT
     sensors: list[Sensor] = []
     notes: list[str] = []
     if cuda_index is not None:

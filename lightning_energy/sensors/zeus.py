@@ -3,8 +3,10 @@
 ``ZeusBackend`` holds one ``zeus.monitor.ZeusMonitor`` for this rank's GPU (and the CPU packages on
 local rank 0). Its sensors read energy through the monitor's own device objects (the same calls
 ``ZeusMonitor.end_window`` makes), so that every window of ours is a Zeus measurement; in addition the
-callback opens one real ``begin_window``/``end_window`` per epoch and reports Zeus's own epoch figure
-beside ours. Zeus is imported lazily: importing it pulls ``amdsmi``, which prints when ROCm is absent.
+callback reports Zeus's own figure for each training epoch beside ours, from real ``begin_window`` /
+``end_window`` calls over the same interval as ``energy/epoch_J``: the window is closed while validation
+runs and reopened after it. Zeus is imported lazily: importing it pulls ``amdsmi``, which prints when
+ROCm is absent.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class ZeusBackend:
             )
         self.monitor = monitor
         self.cuda_index = cuda_index
+        self._epoch_J = 0.0
+        self._in_epoch = False
+        self._window_open = False
 
     def sensors(self) -> list[Sensor]:
         found: list[Sensor] = []
@@ -49,12 +54,35 @@ class ZeusBackend:
         return found
 
     def begin_epoch(self) -> None:
-        self.monitor.begin_window(ZEUS_EPOCH_WINDOW, sync_execution=False, restart=True)
+        """Start a training epoch: open a Zeus window."""
+        self._epoch_J, self._in_epoch = 0.0, True
+        self._open_window()
+
+    def pause_epoch(self) -> None:
+        """Validation starts inside the epoch: close the window, keep its energy."""
+        if self._window_open:
+            self._close_window()
+
+    def resume_epoch(self) -> None:
+        """Validation ended: reopen the window if the epoch is still running."""
+        if self._in_epoch and not self._window_open:
+            self._open_window()
 
     def end_epoch(self) -> float:
-        """Zeus's own energy (J) for the epoch window, GPU + CPU + DRAM."""
+        """Zeus's own energy (J) of the training epoch without its validation, GPU + CPU + DRAM."""
+        self.pause_epoch()
+        self._in_epoch = False
+        return self._epoch_J
+
+    def _open_window(self) -> None:
+        self.monitor.begin_window(ZEUS_EPOCH_WINDOW, sync_execution=False, restart=True)
+        self._window_open = True
+
+    def _close_window(self) -> None:
         m = self.monitor.end_window(ZEUS_EPOCH_WINDOW, sync_execution=False)
-        return sum(m.gpu_energy.values()) + sum((m.cpu_energy or {}).values()) + sum((m.dram_energy or {}).values())
+        self._window_open = False
+        self._epoch_J += (sum(m.gpu_energy.values()) + sum((m.cpu_energy or {}).values())
+                          + sum((m.dram_energy or {}).values()))
 
 
 class ZeusGpuSensor(Sensor):
