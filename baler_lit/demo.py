@@ -19,6 +19,7 @@ import argparse
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def run(
     from .table import save_npz
 
     start = time.perf_counter()
+    # Lightning 2.6 deprecation noise from its own pytree helper; says nothing about the demo
+    warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     data_path, baler_path, restored_path = out / "data.npz", out / "data.baler", out / "restored.npz"
