@@ -7,9 +7,19 @@ the machine do not line up with one axis. Every run is a fit with ``EnergyCallba
 run catalog, with the CERN study's estimate (energy per batch over 10 batches x batches) beside the
 measured energy.
 
-Power limits here are SIMULATED: ``power_limit_W`` caps the draw of a simulated device sensor
-(``sensors: {simulated: ...}``); it does not slow the computation and says nothing about real
-hardware. Setting real GPU power limits needs the power-limit backend, not part of this module.
+Power limits (``grid.power_limit_W``):
+
+- simulated (``sensors: {simulated: ...}``): every run trains on a simulated GPU
+  (:class:`lightning_energy.gpu_sim.SimulatedGPU`, the V100 model of the power-limit study, through
+  :class:`~lightning_energy.gpu_sim.SimulatedWorkload`): each training batch is also a step on the
+  simulated card, which takes the model's time and draws the model's power under the run's limit, so
+  below the draw the workload asks for steps slow down and energy per step follows the model. The card's
+  energy counter is the device sensor. ``power_limit_W: null`` runs at the card's default limit.
+- real (``sensors: auto``): the limit is set on the NVIDIA GPUs the Trainer uses through Zeus's device
+  layer (``zeus.device.get_gpus()``, as ``PowerLimitOptimizer`` does). Before the first run the sweep
+  checks that every limit lies in the cards' range and that this process may set limits (SYS_ADMIN or
+  the Zeus daemon), and fails otherwise; the default limit is restored after each run, also when it
+  fails or is interrupted.
 """
 
 from __future__ import annotations
@@ -21,7 +31,8 @@ import itertools
 import logging
 import math
 import random
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 AXES = ("precision", "batch_size", "power_limit_W")
@@ -29,10 +40,22 @@ TOP_LEVEL_KEYS = {"name", "output_dir", "seed", "repetitions", "model", "data", 
                   "energy", "carbon", "cern_batches"}
 RESERVED_TRAINER_KEYS = ("callbacks", "logger", "precision", "default_root_dir")
 DEFAULT_CERN_BATCHES = 10  # the CERN study averaged the energy of 10 batches
+WORKLOADS = ("compute_bound", "memory_bound", "small_net")  # gpu_sim's StepModel presets
+GPU_KEYS = ("workload", "step", "min_limit_W", "max_limit_W", "default_limit_W", "idle_W", "static_W")
+REAL_GPU_ACCELERATORS = ("gpu", "cuda", "auto")
+MILLI = 1000  # mW per W
+PERMISSION_HELP = ("Fixes: run the Zeus daemon (zeusd) and export ZEUSD_SOCK_PATH=<its socket> "
+                   "(https://ml.energy/zeus/getting_started/#system-privileges), or give the process the SYS_ADMIN "
+                   "capability (`docker run --cap-add SYS_ADMIN ...`, or root); or sweep simulated limits with "
+                   "`sensors: {simulated: {gpu: {...}}}`.")
 
 
 class SweepConfigError(ValueError):
     """A sweep config that cannot run; the message names the key."""
+
+
+class SweepError(RuntimeError):
+    """A sweep that cannot start (GPU power limits not settable) or a run of it that failed."""
 
 
 @dataclass
@@ -44,7 +67,7 @@ class SweepConfig:
     model: dict
     data: dict | None
     grid: dict[str, list]
-    simulated: dict | None  # {"device_W": .., "host_W": ..} or None for auto-detected sensors
+    simulated: dict | None  # {"device_W", "host_W", "gpu"} or None for auto-detected sensors
     trainer: dict = field(default_factory=dict)
     energy: dict = field(default_factory=dict)
     carbon: dict | None = None
@@ -53,6 +76,13 @@ class SweepConfig:
     def points(self) -> list[dict]:
         """Every grid point, in the config's order."""
         return [dict(zip(AXES, values)) for values in itertools.product(*(self.grid[a] for a in AXES))]
+
+    @property
+    def power_limits(self) -> str | None:
+        """``"simulated"`` (simulated GPU), ``"real"`` (NVIDIA GPUs through Zeus) or None (no limit in the grid)."""
+        if all(limit is None for limit in self.grid["power_limit_W"]):
+            return None
+        return "simulated" if self.simulated is not None else "real"
 
 
 def load_config(path: str | Path) -> SweepConfig:
@@ -78,12 +108,16 @@ def parse_config(raw: object, base: Path = Path("."), default_name: str = "sweep
     model = _class_spec(raw.get("model"), "model")
     data = _class_spec(raw["data"], "data") if raw.get("data") is not None else None
     grid = _grid(raw.get("grid"))
-    simulated = _sensors(raw.get("sensors", "auto"))
-    if simulated is None and any(limit is not None for limit in grid["power_limit_W"]):
-        raise SweepConfigError("grid.power_limit_W is simulated here: it needs `sensors: {simulated: {device_W: ...}}`")
+    limits = [limit for limit in grid["power_limit_W"] if limit is not None]
+    simulated = _sensors(raw.get("sensors", "auto"), limits)
     trainer = raw.get("trainer") or {}
     if not isinstance(trainer, dict):
         raise SweepConfigError("`trainer` must be a mapping of Trainer arguments")
+    if simulated is None and limits and str(trainer.get("accelerator", "auto")) not in REAL_GPU_ACCELERATORS:
+        raise SweepConfigError(
+            "grid.power_limit_W with `sensors: auto` sets the power limit of real NVIDIA GPUs, but "
+            f"trainer.accelerator is {trainer['accelerator']!r}; train on `gpu`, or simulate the limits with "
+            "`sensors: {simulated: ...}`")
     reserved = [k for k in RESERVED_TRAINER_KEYS if k in trainer]
     if reserved:
         raise SweepConfigError(f"trainer.{reserved[0]} is set by the sweep; remove it from `trainer`")
@@ -183,23 +217,73 @@ def _grid(grid) -> dict[str, list]:
     return out
 
 
-def _sensors(spec) -> dict | None:
+def _sensors(spec, limits: list) -> dict | None:
+    """The simulated hardware: a constant device draw, or (with power limits or ``gpu``) a simulated GPU."""
     if spec == "auto":
         return None
     if not isinstance(spec, dict) or set(spec) != {"simulated"} or not isinstance(spec["simulated"], dict):
-        raise SweepConfigError("`sensors` must be 'auto' or {simulated: {device_W: W, host_W: W}}")
+        raise SweepConfigError("`sensors` must be 'auto' or {simulated: {device_W: W, host_W: W}} or "
+                               "{simulated: {gpu: {...}, host_W: W}}")
     sim = spec["simulated"]
-    unknown = sorted(set(sim) - {"device_W", "host_W"})
+    unknown = sorted(set(sim) - {"device_W", "host_W", "gpu"})
     if unknown:
-        raise SweepConfigError(f"sensors.simulated has unknown key(s) {unknown}; use device_W and host_W")
-    out = {}
-    for key in ("device_W", "host_W"):
-        value = sim.get(key, 0.0 if key == "host_W" else None)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or value < 0 or (key == "device_W" and not value > 0):
-            raise SweepConfigError(f"sensors.simulated.{key} must be a number of watts (device_W > 0), got {value!r}")
-        out[key] = float(value)
-    return out
+        raise SweepConfigError(f"sensors.simulated has unknown key(s) {unknown}; use device_W or gpu, and host_W")
+    host_W = sim.get("host_W", 0.0)
+    if isinstance(host_W, bool) or not isinstance(host_W, (int, float)) or not host_W >= 0:
+        raise SweepConfigError(f"sensors.simulated.host_W must be a number of watts >= 0, got {host_W!r}")
+    if "gpu" in sim or limits:
+        if "device_W" in sim:
+            raise SweepConfigError(
+                "sensors.simulated.device_W is a constant draw, but this sweep runs on the simulated GPU (it has "
+                "grid.power_limit_W or sensors.simulated.gpu), whose model sets the draw: remove device_W")
+        gpu = _gpu_spec(sim.get("gpu") or {})
+        low, high = gpu["min_limit_W"], gpu["max_limit_W"]
+        for limit in limits:
+            if limit != int(limit) or not low <= limit <= high:
+                raise SweepConfigError(f"grid.power_limit_W {limit} W: the simulated GPU takes whole watts in "
+                                       f"[{low}, {high}] W (sensors.simulated.gpu min_limit_W / max_limit_W)")
+        return {"device_W": None, "host_W": float(host_W), "gpu": gpu}
+    device_W = sim.get("device_W")
+    if isinstance(device_W, bool) or not isinstance(device_W, (int, float)) or not device_W > 0:
+        raise SweepConfigError(f"sensors.simulated.device_W must be a number of watts > 0, got {device_W!r}")
+    return {"device_W": float(device_W), "host_W": float(host_W), "gpu": None}
+
+
+def _gpu_spec(raw) -> dict:
+    """``sensors.simulated.gpu`` checked: a workload preset, StepModel overrides and SimulatedGPU arguments."""
+    from lightning_energy import gpu_sim
+
+    if not isinstance(raw, dict):
+        raise SweepConfigError("sensors.simulated.gpu must be a mapping (workload, step, min_limit_W, ...)")
+    unknown = sorted(set(raw) - set(GPU_KEYS))
+    if unknown:
+        raise SweepConfigError(f"sensors.simulated.gpu has unknown key(s) {unknown}; known: {list(GPU_KEYS)}")
+    workload = raw.get("workload", "compute_bound")
+    if workload not in WORKLOADS:
+        raise SweepConfigError(f"sensors.simulated.gpu.workload must be one of {list(WORKLOADS)}, got {workload!r}")
+    step = raw.get("step") or {}
+    names = [f.name for f in fields(gpu_sim.StepModel)]
+    if not isinstance(step, dict) or set(step) - set(names):
+        raise SweepConfigError(f"sensors.simulated.gpu.step must map StepModel fields {names} to values, got {step!r}")
+    spec = {"workload": workload, "step": dict(step), **{k: raw[k] for k in GPU_KEYS[2:] if k in raw}}
+    try:
+        make_simulated_gpu(spec, gpu_index=-1)  # a throwaway card: the simulator checks its own arguments
+    except (TypeError, ValueError) as err:
+        raise SweepConfigError(f"sensors.simulated.gpu: {err}") from None
+    defaults = {"min_limit_W": gpu_sim.V100_MIN_LIMIT_W, "max_limit_W": gpu_sim.V100_MAX_LIMIT_W,
+                "default_limit_W": gpu_sim.V100_DEFAULT_LIMIT_W}
+    return {**defaults, **spec}
+
+
+def make_simulated_gpu(spec: dict, clock=None, gpu_index: int = 0):
+    """A :class:`~lightning_energy.gpu_sim.SimulatedGPU` from a checked ``sensors.simulated.gpu`` spec."""
+    import dataclasses
+
+    from lightning_energy import gpu_sim
+
+    step = dataclasses.replace(getattr(gpu_sim, spec["workload"].upper()), **spec["step"])
+    kwargs = {k: spec[k] for k in GPU_KEYS[2:] if k in spec}
+    return gpu_sim.SimulatedGPU(gpu_index=gpu_index, step=step, clock=clock, **kwargs)
 
 
 def sweep_order(points: list[dict], repetitions: int, seed: int) -> list[tuple[int, dict]]:
@@ -218,19 +302,155 @@ def run_name(repetition: int, point: dict) -> str:
     return f"rep{repetition}_prec{point['precision']}_bs{point['batch_size']}_pl{limit}"
 
 
-def simulated_sensors(simulated: dict, power_limit_W: float | None):
-    """The simulated device (its draw capped at the simulated limit) and host sensors of one run."""
+@dataclass
+class SimulatedHardware:
+    """What one simulated run trains on: its sensors, the callbacks that drive the simulated GPU, the GPU."""
+
+    sensors: list
+    callbacks: list
+    gpu: object = None
+
+
+def simulated_hardware(simulated: dict, power_limit_W: float | None, clock=None) -> SimulatedHardware:
+    """The simulated device and host of one run.
+
+    With a simulated GPU (``simulated["gpu"]``): a fresh card at ``power_limit_W`` (its default when None),
+    its energy counter as the device sensor and a ``SimulatedWorkload`` running every training batch on it.
+    Otherwise a device sensor drawing ``device_W``. ``clock``: a fake clock with ``advance`` (tests) or
+    None for real time (the simulated steps then sleep).
+    """
     from lightning_energy.sensors.simulated import SimulatedSensor
 
-    device_W = simulated["device_W"] if power_limit_W is None else min(simulated["device_W"], power_limit_W)
-    sensors = [SimulatedSensor("sim_device", device_W, scope="device")]
-    if simulated["host_W"] > 0:
-        sensors.append(SimulatedSensor("sim_host", simulated["host_W"], scope="host"))
-    return sensors
+    now = clock if clock is not None else time.perf_counter
+    host_W = simulated["host_W"]
+    host = [SimulatedSensor("sim_host", host_W, scope="host", clock=now)] if host_W > 0 else []
+    if simulated["gpu"] is None:
+        return SimulatedHardware([SimulatedSensor("sim_device", simulated["device_W"], scope="device", clock=now),
+                                  *host], [])
+    from lightning_energy.gpu_sim import SimulatedWorkload
+
+    gpu = make_simulated_gpu(simulated["gpu"], clock)
+    if power_limit_W is not None:
+        gpu.set_power_management_limit(int(power_limit_W) * MILLI)
+    return SimulatedHardware([gpu.energy_sensor("sim_gpu"), *host], [SimulatedWorkload(gpu=gpu)], gpu)
 
 
-def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int) -> dict:
-    """One grid point as a normal Lightning fit; returns its results row."""
+class GpuPowerLimits:
+    """Power limits of the real NVIDIA GPUs a sweep trains on, set through Zeus's device layer.
+
+    :meth:`open` checks, before any run, that this process may set limits on every card (as
+    ``PowerLimitOptimizer`` does) and that every limit of the grid is in the cards' range;
+    :meth:`applied` sets one limit for a run and restores the default after it, whatever happens.
+    """
+
+    def __init__(self, gpus: dict[int, object]) -> None:
+        self.gpus = gpus  # index -> zeus.device.gpu.common.GPU
+
+    @classmethod
+    def open(cls, trainer_config: dict, limits_W: list[float]) -> "GpuPowerLimits":
+        import io
+
+        from lightning_energy.callbacks.power_limit import limit_permission_problem
+
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
+                from zeus.device import get_gpus
+
+                found = get_gpus().gpus
+        except Exception as err:
+            raise SweepError(f"grid.power_limit_W with `sensors: auto` needs NVIDIA GPUs, but Zeus cannot open any "
+                             f"({type(err).__name__}: {err}); simulate the limits with `sensors: {{simulated: ...}}`")
+        indices = _gpu_indices(trainer_config.get("devices", "auto"), len(found))
+        missing = [i for i in indices if not 0 <= i < len(found)]
+        if not found or missing:
+            raise SweepError(f"trainer.devices names GPU(s) {missing or indices} but Zeus sees {len(found)} GPU(s)")
+        gpus = {i: found[i] for i in indices}
+        problems = [f"GPU {i}: {problem}" for i, gpu in gpus.items() if (problem := limit_permission_problem(gpu))]
+        if problems:
+            raise SweepError(f"the sweep cannot set GPU power limits ({'; '.join(problems)}); no run was started. "
+                             + PERMISSION_HELP)
+        for i, gpu in gpus.items():
+            low_mW, high_mW = gpu.get_power_management_limit_constraints()
+            outside = sorted({limit for limit in limits_W if limit is not None
+                              and not low_mW <= round(limit * MILLI) <= high_mW})
+            if outside:
+                raise SweepError(f"grid.power_limit_W {outside} W outside GPU {i}'s range "
+                                 f"[{low_mW / MILLI:g}, {high_mW / MILLI:g}] W; no run was started")
+        return cls(gpus)
+
+    @contextlib.contextmanager
+    def applied(self, limit_W: float | None):
+        """Within the block every card runs at ``limit_W`` (the default when None); the default afterwards."""
+        failed = False
+        try:
+            for gpu in self.gpus.values():
+                if limit_W is None:
+                    gpu.reset_power_management_limit()
+                else:
+                    gpu.set_power_management_limit(int(round(limit_W * MILLI)))
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            self._restore(quiet=failed)
+
+    def _restore(self, quiet: bool) -> None:
+        problems = []
+        for i, gpu in self.gpus.items():
+            try:
+                gpu.reset_power_management_limit()
+            except Exception as err:
+                problems.append(f"GPU {i} ({type(err).__name__}: {err}); set it by hand: "
+                                f"nvidia-smi -i {i} -pl <default W>")
+        if problems:
+            message = f"the sweep could not restore the default power limit of {'; '.join(problems)}"
+            if quiet:  # the run already failed: tell, do not mask its error
+                logging.getLogger(__name__).error(message)
+            else:
+                raise SweepError(message)
+
+
+def _gpu_indices(devices, count: int) -> list[int]:
+    """The GPU indices a Trainer's ``devices`` setting selects out of ``count`` visible GPUs."""
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text in ("auto", "-1"):
+            return list(range(count))
+        parts = [p for p in text.split(",") if p.strip()]
+        if "," in text:
+            return [int(p) for p in parts]
+        devices = int(text)
+    if isinstance(devices, int):
+        return list(range(count)) if devices == -1 else list(range(devices))
+    return [int(d) for d in devices]
+
+
+def run_sweep(config: SweepConfig, order: list[tuple[int, dict]], clock=None) -> list[dict]:
+    """Every run of ``order``, in order; :class:`SweepError` names a run that failed.
+
+    With real power limits, the cards are checked before the first run and the default limit is
+    restored after each. ``clock``: a fake clock for the simulated hardware (tests), None for real time.
+    """
+    limits = None
+    if config.power_limits == "real":
+        limits = GpuPowerLimits.open(config.trainer, config.grid["power_limit_W"])
+    rows = []
+    with quiet_lightning():
+        for index, (repetition, point) in enumerate(order):
+            name = run_name(repetition, point)
+            try:
+                with limits.applied(point["power_limit_W"]) if limits else contextlib.nullcontext():
+                    rows.append(run_one(config, repetition, point, index, clock=clock))
+            except SweepError:
+                raise
+            except Exception as err:
+                raise SweepError(f"run {name} ({index + 1}/{len(order)}) failed: {type(err).__name__}: {err}") from err
+    return rows
+
+
+def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int, clock=None) -> dict:
+    """One grid point as a normal Lightning fit; returns its results row (``clock``: see :func:`run_sweep`)."""
     import lightning as L
     from lightning.fabric.utilities.seed import seed_everything
     from lightning.pytorch.loggers import CSVLogger
@@ -250,13 +470,16 @@ def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int)
     else:
         model_args["batch_size"] = point["batch_size"]
     model = config.model["cls"](**model_args)
-    sensors = simulated_sensors(config.simulated, point["power_limit_W"]) if config.simulated else None
+    hardware = simulated_hardware(config.simulated, point["power_limit_W"], clock) if config.simulated else None
+    sensors = hardware.sensors if hardware is not None else None
+    kind = {"simulated": "simulated GPU", "real": "real GPU"}.get(config.power_limits)
     attributes = {"sweep": config.name, "repetition": repetition, "order": order_index, **point,
-                  "power_limit": "simulated" if point["power_limit_W"] is not None else None}
+                  "power_limit": kind if point["power_limit_W"] is not None else None}
     energy = EnergyCallback(sensors=sensors, verbose=False, **config.energy)
     sample = BatchSampleEstimate(n_batches=config.cern_batches)
     catalog = CatalogCallback(config.output_dir / CATALOG_FILE, config=attributes)
-    callbacks = [energy, sample, catalog]
+    # the simulated GPU's step runs first in on_train_batch_end, so every step window measured holds it
+    callbacks = [*(hardware.callbacks if hardware is not None else []), energy, sample, catalog]
     if config.carbon is not None:
         callbacks.append(CarbonCallback(verbose=False, **config.carbon))
     trainer_args = {"enable_progress_bar": False, "enable_model_summary": False, "enable_checkpointing": False,
@@ -266,16 +489,36 @@ def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int)
     trainer.fit(model, datamodule=data)
     report = energy.report
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k in ("train/loss", "val/loss")}
+    per_step = per_step_figures(report)
+    gpu = hardware.gpu if hardware is not None else None
+    if gpu is not None:  # what gpu_sim's model says a step of the grid's batch size costs at this limit
+        per_step["model_time_per_step_s"] = gpu.step_time_s(batch_size=point["batch_size"])
+        per_step["model_device_J_per_step"] = gpu.step_energy_J(batch_size=point["batch_size"])
     return {
         "run": name, "run_dir": str(trainer.log_dir), "order": order_index, "repetition": repetition, **point,
         "epochs": len(report["epochs"]), "batches": sample.batches, "duration_s": report["duration_s"],
-        "energy_J": report["total_J"], "train_J": report["train_J"], "edp_Js": report["edp_Js"],
+        "energy_J": report["total_J"], "train_J": report["train_J"], "edp_Js": report["edp_Js"], **per_step,
         "estimated": report["estimated"], "gCO2e": catalog.record["gCO2e"], "catalog_id": catalog.record_id,
         "cern_batch_J": sample.batch_J_mean, "cern_sampled": sample.sampled,
         "cern_estimate_J": sample.estimate_J,
         "cern_vs_train": sample.estimate_J / report["train_J"] if sample.estimate_J and report["train_J"] else None,
         **metrics,
     }
+
+
+def per_step_figures(report: dict) -> dict:
+    """From an energy report: device energy (J) of the fit, training steps, time (s) and device J per step.
+
+    Per-step figures use the training part of the epochs (epoch windows without validation): all of it,
+    between the steps too, divided by the steps.
+    """
+    device = {s["name"] for s in report["sensors"] if s["scope"] == "device"}
+    steps = sum(e["steps"] for e in report["epochs"])
+    train_s = sum(e["train_s"] for e in report["epochs"])
+    train_device_J = sum(j for e in report["epochs"] for name, j in e["per_sensor_J"].items() if name in device)
+    return {"device_J": sum(s["energy_J"] for s in report["sensors"] if s["scope"] == "device"), "steps": steps,
+            "time_per_step_s": train_s / steps if steps else None,
+            "device_J_per_step": train_device_J / steps if steps else None}
 
 
 def summarise(rows: list[dict]) -> list[dict]:

@@ -87,7 +87,7 @@ class TraceWriter:
         for name in self.sensor_names:
             columns += [(name, "energy_J"), (name, "power_W")]
             reading = by_name.get(name)
-            columns += [(name, f) for f in (reading.fields if reading else {})]
+            columns += [(name, f) for f in (reading.fields if reading else {}) if f not in ("energy_J", "power_W")]
         self._trace.writerow(["time_s", "unix_time_s"] + [f"{n}:{f}" for n, f in columns])
         return columns
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -92,6 +93,46 @@ def test_grouping_by_an_attribute_averages_repetitions(tmp_path):
         compare_runs(runs, by="precision")
 
 
+def shift_fit_boundaries(folder, start_s: float, end_s: float) -> None:
+    """Move the fit_start / fit_end events of a hand-made run to these times."""
+    events = folder / "energy_events.csv"
+    lines = events.read_text().splitlines()
+    for i, line in enumerate(lines):
+        t, unix, name, *rest = line.split(",")
+        if name in ("fit_start", "fit_end"):
+            new_t = start_s if name == "fit_start" else end_s
+            lines[i] = ",".join([f"{new_t:.6f}", f"{1.7e9 + new_t:.6f}", name, *rest])
+    events.write_text("\n".join(lines) + "\n")
+
+
+def test_fit_boundaries_just_outside_the_samples_continue_the_edge_power(tmp_path):
+    # as EnergyCallback writes them: fit_start 0.2 ms before the first sample, fit_end 0.3 ms after the last
+    folder = write_run(tmp_path / "run", {"gpu": 100.0, "cpu": 20.0}, duration_s=2.0, dt_s=0.05)
+    shift_fit_boundaries(folder, -0.0002, 2.0003)
+    run = load_run(folder)
+    assert run.total_J == pytest.approx(120.0 * 2.0005, rel=1e-12)
+    assert run.extrapolated_s == pytest.approx(0.0005, abs=1e-9)
+    t, power, energy = run.covering_samples(run.start_s, run.end_s)
+    assert (t[0], t[-1]) == pytest.approx((-0.0002, 2.0003), abs=1e-12) and len(t) == len(run.time_s) + 2
+    assert power[0] == power[-1] == 120.0
+    assert energy[-1] - energy[0] == pytest.approx(run.total_J, rel=1e-12)
+    result = compare_runs([run], rate_hz=4.0)
+    group = result["groups"]["all"]
+    assert group["time_s"] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    np.testing.assert_allclose(group["curve_power_W_mean"], 120.0, rtol=1e-12)
+    np.testing.assert_allclose(group["curve_energy_J_mean"], 120.0 * np.array(group["time_s"]), atol=1e-9)
+    assert result["runs"][0]["extrapolated_s"] == pytest.approx(0.0005, abs=1e-9)
+
+
+@pytest.mark.parametrize("start_s, end_s", [(-0.5, 2.0), (0.0, 7.0)])
+def test_fit_window_far_outside_the_samples_is_an_error(tmp_path, start_s, end_s):
+    folder = write_run(tmp_path / "run", {"gpu": 100.0}, duration_s=2.0, dt_s=0.05)
+    shift_fit_boundaries(folder, start_s, end_s)
+    with pytest.raises(RunError, match=r"is not covered by the samples \[0.000000, 2.000000\] s \(at most 2 sampling "
+                                       r"intervals = 0.1 s"):
+        compare_runs([load_run(folder)])
+
+
 # ---------------------------------------------------------------- runs from files
 def test_a_run_is_read_back_from_trace_and_events(tmp_path):
     folder = write_run(tmp_path / "run", {"gpu": 100.0, "cpu": 20.0}, duration_s=10.0, dt_s=0.5,
@@ -114,6 +155,29 @@ def test_hparams_and_run_attributes_are_attributes(tmp_path):
     assert attribute(run, "precision") == "bf16-mixed"
     assert attribute(run, "batch_size") == 128 and attribute(run, "lr") == 0.001
     assert "layers" not in run.attributes  # only scalars
+
+
+def test_plain_run_attributes_come_from_the_energy_report_and_nested_hparams(tmp_path):
+    folder = write_run(tmp_path / "run", {"gpu": 1.0}, duration_s=1.0)
+    report = {"world_size": 2, "host": "node7", "estimated": False, "precision": "bf16-mixed", "total_J": 5.0,
+              "sampling": {"interval_s": 0.05, "samples": 21},
+              "epochs": [{"epoch": 0, "steps": 10}, {"epoch": 1, "steps": 6}],
+              "sensors": [{"name": "gpu0", "rank": 0}, {"name": "rapl", "rank": 0}, {"name": "gpu0", "rank": 1}]}
+    (folder / "energy_report.json").write_text(json.dumps(report))
+    (folder / "hparams.yaml").write_text("model:\n  hidden: 64\n  act: relu\ndata:\n  batch_size: 256\nprecision: 16-mixed\n")
+    run = load_run(folder)
+    assert run.attributes == {"world_size": 2, "host": "node7", "estimated": False, "sampling_interval_s": 0.05,
+                              "epochs": 2, "steps": 16, "sensors": "gpu0,rapl", "model.hidden": 64,
+                              "model.act": "relu", "data.batch_size": 256, "precision": "16-mixed"}
+    (folder / "run_attributes.json").write_text(json.dumps({"precision": "32-true"}))
+    assert load_run(folder).attributes["precision"] == "32-true"  # the explicit attributes win
+    with pytest.raises(RunError, match=r"no attribute 'batch_size' \(it has: data.batch_size, epochs, estimated, "
+                                       r"host, model.act, model.hidden, precision, sampling_interval_s, sensors, steps, "
+                                       r"world_size\)"):
+        attribute(run, "batch_size")
+    (folder / "energy_report.json").write_text("{oops")
+    with pytest.raises(RunError, match="energy_report.json is not valid JSON"):
+        load_run(folder)
 
 
 # ---------------------------------------------------------------- quadratic fit
@@ -153,6 +217,17 @@ def test_other_ranks_traces_are_added_on_rank_zeros_time_axis(tmp_path):
     assert run.sensor_totals_J() == pytest.approx({"gpu": 100.0, "gpu@rank1": 50.0})
     assert run.total_J == pytest.approx(150.0)
     np.testing.assert_allclose(run.power_W, 150.0)
+
+
+def test_a_trace_with_a_column_named_twice_is_read_by_its_first_copy(tmp_path):
+    # traces of a simulated GPU before the writer's fix named `sim_gpu:power_W` twice
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rows = ["time_s,unix_time_s,sim_gpu:energy_J,sim_gpu:power_W,sim_gpu:power_W,sim_gpu:power_limit_W"]
+    rows += [f"{t:.6f},{1.7e9 + t:.6f},{200.0 * t:.6f},200,199,250" for t in (0.0, 0.5, 1.0)]
+    (folder / "energy_trace.csv").write_text("\n".join(rows) + "\n")
+    run = load_run(folder)
+    assert run.power_W.tolist() == [200.0, 200.0, 200.0] and run.total_J == pytest.approx(200.0)
 
 
 def test_runs_in_version_folders_are_named_with_their_parent(tmp_path):

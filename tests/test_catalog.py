@@ -76,18 +76,23 @@ def test_errors_name_the_problem(tmp_path):
     assert len(catalog.list()) == 1  # the rejected record left nothing behind
 
 
-def _writer(path: str, worker: int, count: int, barrier) -> None:
+def _writer(path: str, worker: int, count: int, barrier, wrote) -> None:
     barrier.wait()
     catalog = Catalog(path)
     for i in range(count):
         catalog.add(record(f"worker{worker}.fit{i}"))
+        if i == 0:  # on a busy machine one writer could otherwise finish before the other starts
+            wrote[worker].set()
+            if not wrote[1 - worker].wait(timeout=60):
+                raise SystemExit(f"worker {worker}: the other writer never committed while this one was writing")
 
 
 def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     path, count = str(tmp_path / CATALOG_FILE), 60
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(2)
-    workers = [context.Process(target=_writer, args=(path, w, count, barrier)) for w in range(2)]
+    wrote = [context.Event(), context.Event()]
+    workers = [context.Process(target=_writer, args=(path, w, count, barrier, wrote)) for w in range(2)]
     for w in workers:
         w.start()
     for w in workers:
@@ -97,8 +102,17 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     assert len(fits) == 2 * count
     assert sorted(f["id"] for f in fits) == list(range(1, 2 * count + 1))
     assert {f["model"] for f in fits} == {f"worker{w}.fit{i}" for w in range(2) for i in range(count)}
-    models = [f["model"] for f in fits]
-    assert not (models == sorted(models))  # the writers really interleaved
+    # in id (commit) order: each worker's rows in its own order, and the two really interleaved. Written one
+    # after the other (e.g. a writer holding the file for its whole session), the ids would be one block per
+    # worker (a single switch between workers); a row of one worker between two of the other's means it
+    # committed while the other was writing.
+    by_id = sorted(fits, key=lambda f: f["id"])
+    writer = [f["model"].split(".")[0] for f in by_id]
+    for w in range(2):
+        assert [f["model"] for f in by_id if f["model"].startswith(f"worker{w}.")] == [
+            f"worker{w}.fit{i}" for i in range(count)]
+    switches = sum(a != b for a, b in zip(writer, writer[1:]))
+    assert switches >= 2, f"the two writers never overlapped: {writer}"
     sensors = sqlite3.connect(path).execute("SELECT COUNT(*) FROM fit_sensors").fetchone()[0]
     assert sensors == 2 * 2 * count
 

@@ -6,13 +6,18 @@ import json
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog
 from lightning_energy.cli import main
-from lightning_energy.sweep import SweepConfigError, load_config, parse_config, sweep_order
+from lightning_energy.gpu_sim import SimulatedGPU, installed_in_zeus
+from lightning_energy.sweep import (
+    GpuPowerLimits, SweepConfigError, SweepError, load_config, parse_config, run_sweep, sweep_order,
+)
+from power_limit_helpers import install_fake_time
 from workbench_helpers import write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,6 +44,85 @@ def test_report_of_a_hand_made_run(tmp_path, capsys):
     assert report["epochs"][0]["validation_J"] == pytest.approx(120.0)
     for name in ("power.png", "cumulative_energy.png", "epoch_boxplots.png"):
         assert (tmp_path / "plots" / name).read_bytes().startswith(PNG_MAGIC), name
+
+
+def test_power_plot_marks_every_epoch_start_and_end(tmp_path):
+    from lightning_energy.analysis.plots import power_plot
+    from lightning_energy.analysis.runs import load_run
+
+    run = load_run(write_run(tmp_path / "run", {"gpu": 100.0}, duration_s=10.0, dt_s=0.5,
+                             epochs=[(1.0, 4.0, 3.0, 4.0), (4.5, 8.0), (8.25, 9.5)]))
+    (ax,) = power_plot(run).axes
+    vertical = [line for line in ax.get_lines() if len(set(line.get_xdata())) == 1]
+    starts = sorted(line.get_xdata()[0] for line in vertical if line.get_color() == "grey")
+    ends = sorted(line.get_xdata()[0] for line in vertical if line.get_color() == "black")
+    assert starts == pytest.approx([1.0, 4.5, 8.25]) and ends == pytest.approx([4.0, 8.0, 9.5])
+    (curve,) = [line for line in ax.get_lines() if line not in vertical]
+    assert curve.get_ydata().tolist() == [100.0] * 21  # the power trace itself
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["power (all sensors)", "epoch start", "epoch end"]
+
+
+def real_fit(root: Path, batch_size: int, max_epochs: int = 2) -> Path:
+    """A real short fit of the tiny autoencoder with EnergyCallback on 120 W device + 30 W host sensors."""
+    from lightning_energy.examples import TinyAutoencoder
+
+    callback = EnergyCallback(sensors=[SimulatedSensor("device", 120.0), SimulatedSensor("host", 30.0, scope="host")],
+                              verbose=False, interval_s=0.005)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(root, max_epochs=max_epochs))
+    trainer.fit(TinyAutoencoder(n_train=256, n_val=64, batch_size=batch_size))
+    assert callback.report["total_J"] == pytest.approx(150.0 * callback.report["duration_s"], rel=1e-9)
+    return Path(trainer.log_dir)
+
+
+def test_compare_and_report_of_real_energy_callback_runs(tmp_path, capsys):
+    runs = [real_fit(tmp_path / "a", 32), real_fit(tmp_path / "b", 64)]
+    code, out, err = run_cli(capsys, "compare", *runs, "--by", "batch_size", "--out", tmp_path / "cmp")
+    assert code == 0, err
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [r["group"] for r in result["runs"]] == ["32", "64"]
+    for row, run_dir in zip(result["runs"], runs):
+        events = {line.split(",")[2]: float(line.split(",")[0])
+                  for line in (run_dir / "energy_events.csv").read_text().splitlines()[1:]}
+        fit_s = events["fit_end"] - events["fit_start"]
+        assert row["duration_s"] == pytest.approx(fit_s, abs=1e-9)
+        # constant 150 W over the whole fit; sample and event times are written to 1 us
+        assert row["energy_J"] == pytest.approx(150.0 * fit_s, abs=150.0 * 2e-6)
+        assert row["edp_Js"] == pytest.approx(150.0 * fit_s**2, abs=150.0 * 2e-6 * fit_s)
+        assert row["extrapolated_s"] < 2 * 0.005 + 1e-6  # at most two sampling intervals continued
+    for key, run_dir in zip(("32", "64"), runs):
+        group = result["groups"][key]
+        t = np.array(group["time_s"])
+        np.testing.assert_allclose(group["curve_power_W_mean"], 150.0, rtol=1e-9)
+        np.testing.assert_allclose(group["curve_energy_J_mean"], 150.0 * t, rtol=1e-5, atol=1e-4)  # 1 us times
+    for name in ("compare_power.png", "compare_energy.png"):
+        assert (tmp_path / "cmp" / name).read_bytes().startswith(PNG_MAGIC)
+
+    code, out, err = run_cli(capsys, "report", runs[0], "--out", tmp_path / "report")
+    assert code == 0, err
+    report = json.loads((tmp_path / "report" / "trace_report.json").read_text())
+    assert report["total_J"] == pytest.approx(150.0 * report["duration_s"], abs=150.0 * 2e-6)
+    assert {s["name"]: s["mean_power_W"] for s in report["sensors"]} == pytest.approx({"device": 120.0, "host": 30.0},
+                                                                                    rel=1e-5)
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1]
+    assert report["attributes"]["batch_size"] == 32 and report["attributes"]["steps"] == 16  # 256 / 32 x 2 epochs
+
+
+def test_plain_runs_have_attributes_from_hparams_and_the_energy_report(tmp_path, capsys):
+    runs = [real_fit(tmp_path / str(size), size, max_epochs=1) for size in (32, 64, 128)]
+    code, out, err = run_cli(capsys, "fit", *runs, "--by", "batch_size", "--out", tmp_path / "fit", "--no-plots")
+    assert code == 0, err
+    rows = json.loads((tmp_path / "fit" / "fit.json").read_text())["runs"]
+    assert [r["batch_size"] for r in rows] == [32, 64, 128]
+    code, out, err = run_cli(capsys, "compare", *runs, "--by", "steps", "--out", tmp_path / "cmp", "--no-plots")
+    assert code == 0, err
+    groups = json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"]
+    assert sorted(groups, key=int) == ["2", "4", "8"]  # 256 samples in batches of 128, 64, 32
+    code, out, err = run_cli(capsys, "compare", *runs, "--by", "power_limit_W", "--out", tmp_path / "o")
+    assert code == 2 and "have no attribute 'power_limit_W'" in err
+    available = err.split("attributes every run has: ")[1].split(";")[0].split(", ")
+    assert {"batch_size", "lr", "n_train", "world_size", "epochs", "steps", "host", "estimated",
+            "sampling_interval_s", "sensors"} <= set(available)
+    assert not (tmp_path / "o").exists()
 
 
 def test_report_of_a_real_fit_agrees_with_the_energy_callback(tmp_path, capsys):
@@ -176,8 +260,8 @@ def test_shipped_tiny_sweep_config_is_valid(capsys):
 
 BASE_CONFIG = {
     "model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
-    "grid": {"precision": ["32-true"], "batch_size": [32], "power_limit_W": [80, 110, 150]},
-    "sensors": {"simulated": {"device_W": 130, "host_W": 20}},
+    "grid": {"precision": ["32-true"], "batch_size": [32], "power_limit_W": [150, 200, 300]},
+    "sensors": {"simulated": {"gpu": {"workload": "compute_bound"}, "host_W": 20}},
     "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1},
 }
 
@@ -189,7 +273,16 @@ BASE_CONFIG = {
     ({"model": {"class_path": "conftest.TinyRegressor"}}, "takes no `batch_size`"),
     ({"model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"batch_size": 8}}},
      "set by the grid"),
-    ({"sensors": "auto"}, "power_limit_W is simulated"),
+    ({"sensors": "auto"}, "sets the power limit of real NVIDIA GPUs, but trainer.accelerator is 'cpu'"),
+    ({"sensors": {"simulated": {"device_W": 100, "gpu": {}}}}, "remove device_W"),
+    ({"grid": {"batch_size": [32], "power_limit_W": [100]}}, r"whole watts in \[150, 300\] W"),
+    ({"grid": {"batch_size": [32], "power_limit_W": [175.5]}}, "whole watts"),
+    ({"sensors": {"simulated": {"gpu": {"workload": "huge"}}}}, "workload must be one of"),
+    ({"sensors": {"simulated": {"gpu": {"cores": 5}}}}, r"unknown key\(s\) \['cores'\]"),
+    ({"sensors": {"simulated": {"gpu": {"step": {"speed": 2}}}}}, "StepModel fields"),
+    ({"sensors": {"simulated": {"gpu": {"step": {"compute_fraction": 2.0}}}}}, "compute_fraction"),
+    ({"sensors": {"simulated": {"gpu": {"default_limit_W": 400}}}}, "default_limit_W"),
+    ({"sensors": {"simulated": {"host_W": 5}}, "grid": {"batch_size": [32]}}, "device_W must be a number"),
     ({"grid": {"batch_size": [0]}}, "positive integers"),
     ({"grid": {"batch_size": [32], "power_limit_W": [-5]}}, "watts > 0"),
     ({"grid": {"batch_size": [32, 32]}}, "repeats a value"),
@@ -221,29 +314,108 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
                                       "carbon": {"intensity_g_per_kWh": 100.0}}))
     code, out, err = run_cli(capsys, "sweep", "--config", config)
     assert code == 0, err
-    assert "CERN est J" in out and "SIMULATED" in out
+    assert "CERN est J" in out and "SIMULATED on lightning_energy.gpu_sim's GPU" in out
     results = json.loads((tmp_path / "out" / "sweep_results.json").read_text())
     rows = results["runs"]
-    assert sorted(r["power_limit_W"] for r in rows) == [80, 110, 150]
+    assert sorted(r["power_limit_W"] for r in rows) == [150, 200, 300]
+    model = SimulatedGPU(gpu_index=-2)  # the same simulated V100, to read its model
     for row in rows:
-        draw_W = min(130, row["power_limit_W"]) + 20  # the simulated device capped at the limit, plus the host
-        assert row["energy_J"] == pytest.approx(draw_W * row["duration_s"], rel=1e-9)
-        assert row["batches"] == 4 and row["epochs"] == 1
+        limit = row["power_limit_W"]
+        # the host sensor draws a constant 20 W; the rest is the simulated GPU's counter
+        assert row["energy_J"] - row["device_J"] == pytest.approx(20.0 * row["duration_s"], rel=1e-6)
+        assert row["model_time_per_step_s"] == pytest.approx(model.step_time_s(limit, 32), rel=1e-12)
+        assert row["model_device_J_per_step"] == pytest.approx(model.step_energy_J(limit, 32), rel=1e-12)
+        # real time: each step sleeps the model's time on top of the tiny model's own compute, at the step's draw
+        assert row["time_per_step_s"] >= row["model_time_per_step_s"]
+        assert row["device_J_per_step"] >= 0.99 * row["model_device_J_per_step"]
+        assert row["device_J_per_step"] <= model.step_power_W(limit, 32) * row["time_per_step_s"] * 1.001
+        assert row["batches"] == row["steps"] == 4 and row["epochs"] == 1
         assert row["cern_sampled"] == 4  # fewer batches than the 10 to sample
         assert row["cern_estimate_J"] == pytest.approx(row["cern_batch_J"] * row["batches"], rel=1e-12)
         assert 0 < row["cern_estimate_J"] < row["train_J"]  # steps only: no data loading between them
         recorded = Catalog(tmp_path / "out" / CATALOG_FILE).get(row["catalog_id"])
         assert row["gCO2e"] == pytest.approx(recorded["energy_J"] / 3.6e6 * 100.0, rel=1e-12)
+        assert recorded["config"]["run"]["power_limit"] == "simulated GPU"
     assert (tmp_path / "out" / "sweep_results.csv").read_text().startswith("run,")
     assert len(Catalog(tmp_path / "out" / CATALOG_FILE).list()) == 3
     run_dirs = [r["run_dir"] for r in rows]
     code, out, err = run_cli(capsys, "compare", *run_dirs, "--by", "power_limit_W", "--out", tmp_path / "cmp",
                              "--no-plots")
     assert code == 0, err
-    groups = json.loads((tmp_path / "cmp" / "compare.json").read_text())["groups"]
-    assert set(groups) == {"80", "110", "150"}
+    compared = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert set(compared["groups"]) == {"150", "200", "300"}
+    for row in rows:
+        assert compared["groups"][str(row["power_limit_W"])]["energy_J_mean"] == pytest.approx(row["energy_J"],
+                                                                                              rel=1e-3)
     code, out, err = run_cli(capsys, "fit", *run_dirs, "--by", "power_limit_W", "--out", tmp_path / "fit",
                              "--no-plots")
     assert code == 0, err
     fits = json.loads((tmp_path / "fit" / "fit.json").read_text())
     assert fits["fits"]["energy"]["r2"] == pytest.approx(1.0, abs=1e-9)  # three points: an exact parabola
+
+
+def test_simulated_power_limits_follow_the_gpu_model(tmp_path, monkeypatch):
+    """On fake time every second is a simulated step: time and device energy per step are the model's, exactly."""
+    clock = install_fake_time(monkeypatch.setattr)
+    config = parse_config({**BASE_CONFIG, "output_dir": str(tmp_path / "out"),
+                           "model": {"class_path": "lightning_energy.examples.TinyAutoencoder",
+                                     "init_args": {"n_train": 512, "n_val": 64}},
+                           "grid": {"batch_size": [128], "power_limit_W": [150, 225, 300]}})
+    rows = run_sweep(config, sweep_order(config.points(), repetitions=1, seed=0), clock=clock)
+    model = SimulatedGPU(gpu_index=-2)
+    by_limit = {r["power_limit_W"]: r for r in rows}
+    assert sorted(by_limit) == [150, 225, 300]
+    for limit, row in by_limit.items():
+        step_s, step_J = model.step_time_s(limit, 128), model.step_energy_J(limit, 128)
+        assert row["steps"] == 4
+        assert row["time_per_step_s"] == pytest.approx(step_s, rel=1e-9)
+        assert row["device_J_per_step"] == pytest.approx(step_J, rel=1e-9)
+        assert row["duration_s"] == pytest.approx(4 * step_s, rel=1e-9)  # nothing but the steps takes time
+        assert row["device_J"] == pytest.approx(4 * step_J, rel=1e-9)
+        assert row["energy_J"] == pytest.approx(4 * step_J + 20.0 * 4 * step_s, rel=1e-9)  # + the 20 W host
+        assert row["cern_batch_J"] == pytest.approx(step_J + 20.0 * step_s, rel=1e-9)
+    # a batch of 128 asks for 300 W: every lower limit slows the steps and saves energy per step
+    times = [by_limit[limit]["time_per_step_s"] for limit in (150, 225, 300)]
+    energies = [by_limit[limit]["device_J_per_step"] for limit in (150, 225, 300)]
+    assert times[0] > times[1] > times[2] and energies[0] < energies[1] < energies[2]
+    assert times[0] / times[2] == pytest.approx(0.9 * ((300 - 60) / (150 - 60)) ** (1 / 3) + 0.1, rel=1e-9)
+
+
+def test_real_power_limits_without_permission_fail_before_any_run(tmp_path, capsys):
+    import yaml
+
+    config = tmp_path / "sweep_real.yaml"
+    config.write_text(yaml.safe_dump({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "sensors": "auto",
+                                      "trainer": {"max_epochs": 1, "accelerator": "gpu", "devices": 1}}))
+    locked = SimulatedGPU(gpu_index=0, can_set_limits=False)
+    with installed_in_zeus([locked]):
+        code, out, err = run_cli(capsys, "sweep", "--config", config)
+    assert code == 2
+    assert "cannot set GPU power limits (GPU 0: the simulated GPU was created with can_set_limits=False)" in err
+    assert "no run was started" in err and "SYS_ADMIN" in err and "zeusd" in err
+    assert locked.limit_log == [] and not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
+def test_real_power_limits_are_set_per_run_and_restored_even_when_a_run_fails(tmp_path, monkeypatch):
+    gpus = [SimulatedGPU(gpu_index=0), SimulatedGPU(gpu_index=1)]
+    config = parse_config({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "sensors": "auto",
+                           "grid": {"batch_size": [32], "power_limit_W": [175, None, 250]},
+                           "trainer": {"max_epochs": 1, "accelerator": "gpu", "devices": [1]}})
+    seen = []
+
+    def fake_run(config, repetition, point, index, clock=None):
+        seen.append((point["power_limit_W"], gpus[0].power_limit_W, gpus[1].power_limit_W))
+        if len(seen) == 3:
+            raise RuntimeError("out of memory")
+        return {"run": index}
+
+    monkeypatch.setattr("lightning_energy.sweep.run_one", fake_run)
+    order = [(0, {**config.points()[0], "power_limit_W": limit}) for limit in (175, None, 250)]
+    with installed_in_zeus(gpus), pytest.raises(SweepError, match=r"run rep0_prec32-true_bs32_pl250W \(3/3\) failed: "
+                                                                   "RuntimeError: out of memory"):
+        run_sweep(config, order)
+    assert seen == [(175, 300, 175), (None, 300, 300), (250, 300, 250)]  # only the Trainer's GPU 1 is limited
+    assert gpus[1].limit_log == [175, 300, 300, 300, 250, 300]  # set, restored; default, restored; set, restored
+    assert gpus[0].limit_log == []
+    with installed_in_zeus(gpus), pytest.raises(SweepError, match=r"\[400\] W outside GPU 1's range \[150, 300\] W"):
+        GpuPowerLimits.open({"devices": [1]}, [200, 400])

@@ -199,6 +199,37 @@ def test_start_after_steps_forecasts_before_the_first_epoch_ends(tmp_path):
     assert forecast.report["forecasts"][0]["batches_done"] == 5
 
 
+class ProgressBarProbe(L.Callback):
+    """After each training batch: what the progress bar shows and what the callback metrics hold."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, dict, dict]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        shown = trainer.progress_bar_callback.get_metrics(trainer, pl_module)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("forecast/")}
+        self.seen.append((trainer.current_epoch, batch_idx, dict(shown), metrics))
+
+
+def test_the_first_forecast_is_in_the_progress_bar_as_soon_as_it_exists(tmp_path):
+    forecast = ForecastCallback(warmup_steps=2, start_after_steps=5, sensors=[SimulatedSensor("device", WATTS)],
+                                verbose=False)
+    probe = ProgressBarProbe()
+    fit_with(tmp_path, forecast, probe, max_epochs=2, enable_progress_bar=True)
+    first, after_epoch_0 = forecast.report["forecasts"][:2]
+    for epoch, batch_idx, shown, metrics in probe.seen:
+        if epoch == 0 and batch_idx < 4:  # before the 5th batch: nothing to show yet
+            assert "forecast_kJ" not in shown and not metrics
+            continue
+        expected = first if epoch == 0 else after_epoch_0  # the forecast at batch 5, then the epoch-0 update
+        assert float(shown["forecast_kJ"]) == pytest.approx(expected["total_J"] / 1000.0, rel=1e-6)
+        assert float(shown["forecast_gCO2e"]) == pytest.approx(expected["total_gCO2e"], rel=1e-6)
+        assert metrics["forecast/total_J"] == pytest.approx(expected["total_J"], rel=1e-6)
+        assert metrics["forecast/total_s"] == pytest.approx(expected["total_s"], rel=1e-6)
+    assert first["batches_done"] == 5 and first["total_J"] != pytest.approx(after_epoch_0["total_J"], rel=1e-9)
+    assert len(probe.seen) == 20
+
+
 # ---------------------------------------------------------------- budgets
 class FakeTerminal(io.StringIO):
     def isatty(self) -> bool:

@@ -5,30 +5,31 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_energy.analysis.resample import DEFAULT_RATE_HZ, mean_std, pad_and_mask, resample
-from lightning_energy.analysis.runs import Run, attribute
+from lightning_energy.analysis.runs import Run, require_attribute
 
 ALL_RUNS = "all"
 
 
 def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarray]:
-    """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid."""
-    grid, power = resample(run.time_s, run.power_W, rate_hz, run.start_s, run.end_s)
-    _, energy = resample(run.time_s, run.energy_J, rate_hz, run.start_s, run.end_s)
+    """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid.
+
+    Fit boundaries slightly outside the samples are covered as in :meth:`Run.covering_samples` (the
+    nearest sample's power continued); :class:`RunError` when they lie further out.
+    """
+    time_s, power_W, energy_J = run.covering_samples(run.start_s, run.end_s)
+    grid, power = resample(time_s, power_W, rate_hz, run.start_s, run.end_s)
+    _, energy = resample(time_s, energy_J, rate_hz, run.start_s, run.end_s)
     return {"time_s": grid, "power_W": power, "energy_J": energy - energy[0]}
-
-
-def group_key(run: Run, by: str | None) -> str:
-    return ALL_RUNS if by is None else str(attribute(run, by))
 
 
 def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAULT_RATE_HZ) -> dict:
     """Per-run totals and, per group (all runs, or by attribute ``by``), mean ± std curves and totals."""
     rows, curves_by_group = [], {}
-    for run in runs:
-        key = group_key(run, by)
+    keys = [ALL_RUNS] * len(runs) if by is None else [str(v) for v in require_attribute(runs, by)]
+    for run, key in zip(runs, keys):
         rows.append({"run": run.name, "group": key, "duration_s": run.duration_s, "energy_J": run.total_J,
                      "mean_power_W": run.total_J / run.duration_s if run.duration_s > 0 else None,
-                     "edp_Js": run.edp_Js})
+                     "edp_Js": run.edp_Js, "extrapolated_s": run.extrapolated_s})
         curves_by_group.setdefault(key, []).append(run_curves(run, rate_hz))
     groups = {}
     for key, curves in curves_by_group.items():

@@ -52,7 +52,12 @@ def write_files(files: dict[Path, bytes | str]) -> list[Path]:
 
 
 def power_figure(run) -> bytes:
-    """Total power over time with the epoch boundaries marked."""
+    """Total power over time with the epoch boundaries marked, as PNG."""
+    return render_png(power_plot(run))
+
+
+def power_plot(run):
+    """The figure of :func:`power_figure`: epoch starts as grey, epoch ends as black dotted vertical lines."""
     fig, axes = _figure()
     ax = axes[0][0]
     t0 = run.start_s
@@ -62,7 +67,7 @@ def power_figure(run) -> bytes:
                    label=None if i > 1 else e["event"].replace("_", " "))
     ax.set(xlabel="time since fit start (s)", ylabel="power (W)", title=f"{run.name}: power")
     ax.legend(loc="best", fontsize="small")
-    return render_png(fig)
+    return fig
 
 
 def cumulative_energy_figure(run) -> bytes:

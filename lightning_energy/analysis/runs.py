@@ -2,9 +2,19 @@
 
 ``energy_trace.csv`` gives, per sensor, the cumulative energy (J; blank cells between counter updates
 are filled by linear interpolation) and the power (W); ``energy_events.csv`` gives the fit and epoch
-boundaries; ``run_attributes.json`` (written by CatalogCallback and by ``lightning-energy sweep``) and
-Lightning's ``hparams.yaml`` give the attributes used to group runs. Traces of other ranks
-(``energy_trace_rank<N>.csv``) are added onto rank 0's time axis through their unix timestamps.
+boundaries. The attributes used to group runs (``compare --by``, ``fit --by``) come from, later ones
+overriding earlier ones: what ``energy_report.json`` says about the fit (``world_size``, ``host``,
+``estimated``, ``sampling_interval_s``, ``epochs``, ``steps``, ``sensors``, and ``precision``,
+``batch_size``, ``power_limit_W`` ... where the report has them), Lightning's ``hparams.yaml`` (scalar
+values; nested mappings flattened as ``outer.inner``) and ``run_attributes.json`` (written by
+CatalogCallback and by ``lightning-energy sweep``). Traces of other ranks (``energy_trace_rank<N>.csv``)
+are added onto rank 0's time axis through their unix timestamps.
+
+The fit's boundaries come from the events and may lie a little outside the samples (the sampler's
+first sample follows the ``fit_start`` mark by a fraction of a millisecond): up to
+``EDGE_TOLERANCE_INTERVALS`` sampling intervals are covered by continuing the nearest sample's power
+(:meth:`Run.covering_samples`, the same rule as :meth:`Run.energy_between`); a fit window further
+outside the samples is an error (a truncated trace, or events of another run).
 """
 
 from __future__ import annotations
@@ -18,9 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from lightning_energy.callbacks.catalog import RUN_ATTRIBUTES_FILE
+from lightning_energy.report import REPORT_FILE
 from lightning_energy.trace import EVENTS_FILE, TRACE_FILE, read_trace
 
 HPARAMS_FILE = "hparams.yaml"
+EDGE_TOLERANCE_INTERVALS = 2.0  # fit boundaries this many sampling intervals outside the samples are covered
+# scalar keys of energy_report.json taken as attributes where present (the report may not hold them all)
+REPORT_ATTRIBUTES = ("precision", "batch_size", "power_limit_W", "world_size", "host", "estimated", "model",
+                     "parameters", "accelerator", "num_devices")
 
 
 class RunError(ValueError):
@@ -104,6 +119,38 @@ class Run:
             return float(curve[0] - power[0] * (times[0] - t))
         return float(np.interp(t, times, curve))
 
+    def cumulative_J(self, t: float) -> float:
+        """Total cumulative energy (J) at time ``t`` (s), continued past the samples as :meth:`energy_between`."""
+        return float(sum(self._cumulative(name, t) for name in self.sensor_energy_J))
+
+    @property
+    def sample_interval_s(self) -> float:
+        """The median time between samples (s)."""
+        return float(np.median(np.diff(self.time_s)))
+
+    def covering_samples(self, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(time s, total power W, cumulative energy J) with points added at ``start_s`` / ``end_s`` if outside.
+
+        An added point continues the nearest sample's power (its energy as in :meth:`energy_between`), so
+        curves resampled from these samples end at the run's total. :class:`RunError` when a boundary is
+        more than ``EDGE_TOLERANCE_INTERVALS`` sampling intervals outside the samples.
+        """
+        t, power, energy = self.time_s, self.power_W, self.energy_J
+        allowed_s = EDGE_TOLERANCE_INTERVALS * self.sample_interval_s
+        before_s, after_s = t[0] - start_s, end_s - t[-1]
+        if end_s < start_s or before_s > allowed_s or after_s > allowed_s:
+            raise RunError(
+                f"run {self.name}: the fit window [{start_s:.6f}, {end_s:.6f}] s is not covered by the samples "
+                f"[{t[0]:.6f}, {t[-1]:.6f}] s (at most {EDGE_TOLERANCE_INTERVALS:g} sampling intervals = "
+                f"{allowed_s:.4g} s outside are continued); is the trace truncated or the events file another run's?")
+        if before_s > 0:
+            t, power = np.concatenate(([start_s], t)), np.concatenate(([power[0]], power))
+            energy = np.concatenate(([self.cumulative_J(start_s)], energy))
+        if after_s > 0:
+            t, power = np.concatenate((t, [end_s])), np.concatenate((power, [power[-1]]))
+            energy = np.concatenate((energy, [self.cumulative_J(end_s)]))
+        return t, power, energy
+
     @property
     def extrapolated_s(self) -> float:
         """Seconds of the fit (before the first or after the last sample) covered by extrapolation."""
@@ -158,6 +205,39 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(_run_name(path), path, time_s, power_W, energy_J, sensors, powers, events, _read_attributes(path))
 
 
+def report_attributes(report: dict) -> dict:
+    """Attributes of a fit from its ``energy_report.json``: the fields it has that describe the run."""
+    out = {k: report[k] for k in REPORT_ATTRIBUTES if _scalar(report.get(k))}
+    sampling = report.get("sampling")
+    if isinstance(sampling, dict) and _scalar(sampling.get("interval_s")):
+        out["sampling_interval_s"] = sampling["interval_s"]
+    epochs = report.get("epochs")
+    if isinstance(epochs, list) and all(isinstance(e, dict) for e in epochs):
+        out["epochs"] = len(epochs)
+        steps = [e.get("steps") for e in epochs]
+        if epochs and all(isinstance(n, int) and not isinstance(n, bool) for n in steps):
+            out["steps"] = sum(steps)
+    sensors = report.get("sensors")
+    if isinstance(sensors, list) and sensors and all(isinstance(s, dict) and "name" in s for s in sensors):
+        out["sensors"] = ",".join(sorted({str(s["name"]) for s in sensors}))
+    return out
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (int, float, str, bool)) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _flatten(mapping: dict, prefix: str = "") -> dict:
+    """Scalar values of a nested mapping, nested keys joined with dots."""
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        elif _scalar(value):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _read_one_trace(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
     """(time s, cumulative J per sensor, power W per sensor, unix time s) of one trace file."""
     try:
@@ -168,6 +248,12 @@ def _read_one_trace(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray], dict
         raise RunError(f"{path} is not a lightning-energy trace: {err}") from None
     if "time_s" not in columns or "unix_time_s" not in columns:
         raise RunError(f"{path} is not a lightning-energy trace: no time_s / unix_time_s columns")
+    with open(path, newline="") as fh:
+        header = next(csv.reader(fh))
+    for name in set(header):  # a column named twice (older traces): read_trace interleaves them; keep the first
+        copies = header.count(name)
+        if copies > 1:
+            columns[name] = columns[name][::copies]
     names = [c[: -len(":energy_J")] for c in columns if c.endswith(":energy_J")]
     if not names:
         raise RunError(f"{path} has no <sensor>:energy_J column")
@@ -205,6 +291,14 @@ def _read_events(path: Path) -> list[dict]:
 
 def _read_attributes(path: Path) -> dict:
     attributes: dict = {}
+    report = path / REPORT_FILE
+    if report.exists():
+        try:
+            loaded = json.loads(report.read_text())
+        except json.JSONDecodeError as err:
+            raise RunError(f"{report} is not valid JSON ({err})") from None
+        if isinstance(loaded, dict):
+            attributes.update(report_attributes(loaded))
     hparams = path / HPARAMS_FILE
     if hparams.exists():
         import yaml
@@ -214,7 +308,7 @@ def _read_attributes(path: Path) -> dict:
         except yaml.YAMLError:
             loaded = {}
         if isinstance(loaded, dict):
-            attributes.update({k: v for k, v in loaded.items() if isinstance(v, (int, float, str, bool))})
+            attributes.update(_flatten(loaded))
     attributes_file = path / RUN_ATTRIBUTES_FILE
     if attributes_file.exists():
         try:
@@ -242,10 +336,24 @@ def load_runs(run_dirs: list) -> list[Run]:
     return runs
 
 
+ATTRIBUTE_SOURCES = f"attributes come from {REPORT_FILE}, {HPARAMS_FILE} and {RUN_ATTRIBUTES_FILE} in the run dir"
+
+
 def attribute(run: Run, name: str):
-    """A run attribute; :class:`RunError` if the run does not have it."""
+    """A run attribute; :class:`RunError` listing the attributes the run has if it lacks this one."""
     if name not in run.attributes:
         known = ", ".join(sorted(run.attributes)) or "none"
-        raise RunError(f"run {run.name} has no attribute {name!r} (it has: {known}); attributes come from "
-                       f"{RUN_ATTRIBUTES_FILE} or {HPARAMS_FILE} in the run dir")
+        raise RunError(f"run {run.name} has no attribute {name!r} (it has: {known}); {ATTRIBUTE_SOURCES}")
     return run.attributes[name]
+
+
+def require_attribute(runs: list[Run], name: str) -> list:
+    """The attribute ``name`` of every run; :class:`RunError` naming the runs without it and what all runs have."""
+    if len(runs) == 1:
+        return [attribute(runs[0], name)]
+    missing = [run.name for run in runs if name not in run.attributes]
+    if missing:
+        shared = set.intersection(*(set(run.attributes) for run in runs))
+        raise RunError(f"run(s) {', '.join(missing)} have no attribute {name!r}; attributes every run has: "
+                       f"{', '.join(sorted(shared)) or 'none'}; {ATTRIBUTE_SOURCES}")
+    return [run.attributes[name] for run in runs]

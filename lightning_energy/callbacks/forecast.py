@@ -42,8 +42,8 @@ class ForecastCallback(Callback):
     Logged metrics (summed over ranks; time: slowest rank):
 
     - ``forecast/total_J``, ``forecast/total_s``, ``forecast/total_gCO2e``: the latest forecast of the
-      whole fit, at each epoch end (and at ``start_after_steps``).
-    - progress bar: ``forecast_kJ``, ``forecast_gCO2e``.
+      whole fit, at each epoch end (and at ``start_after_steps``; also in ``trainer.callback_metrics``).
+    - progress bar: ``forecast_kJ``, ``forecast_gCO2e``, from the first forecast on.
 
     At the end of fit ``forecast_report.json`` in the log dir holds the plan, every forecast and its
     error against the actual totals (forecast - actual, J, s and %); a table is printed with ``verbose``.
@@ -181,9 +181,10 @@ class ForecastCallback(Callback):
         tracker.batch_end()
         if self.start_after_steps is not None and tracker.batches == self.start_after_steps and not tracker.forecasts:
             forecast = tracker.forecast_now()
-            if trainer.is_global_zero:
+            if trainer.is_global_zero:  # straight to the loggers: a step log would wait for log_every_n_steps
                 for logger in trainer.loggers:
                     logger.log_metrics(self._metrics(forecast), step=trainer.global_step)
+            self._show(pl_module, forecast, logger=False, on_step=True)
             self._check_budget(trainer, forecast)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -198,13 +199,18 @@ class ForecastCallback(Callback):
         if self._tracker is None:
             return
         forecast = self._tracker.epoch_end(trainer.current_epoch)
-        for name, value in self._metrics(forecast).items():
-            pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
-        pl_module.log("forecast_kJ", forecast.total_J / 1000.0, prog_bar=True, logger=False, on_step=False,
-                      on_epoch=True, batch_size=1, rank_zero_only=True)
-        pl_module.log("forecast_gCO2e", forecast.total_gCO2e, prog_bar=True, logger=False, on_step=False,
-                      on_epoch=True, batch_size=1, rank_zero_only=True)
+        self._show(pl_module, forecast, logger=True, on_step=False)
         self._check_budget(trainer, forecast)
+
+    def _show(self, pl_module: LightningModule, forecast: Forecast, logger: bool, on_step: bool) -> None:
+        """The forecast in the callback metrics (and the loggers if ``logger``) and the progress bar."""
+        for name, value in self._metrics(forecast).items():
+            pl_module.log(name, value, logger=logger, on_step=on_step, on_epoch=not on_step, batch_size=1,
+                          rank_zero_only=True)
+        pl_module.log("forecast_kJ", forecast.total_J / 1000.0, prog_bar=True, logger=False, on_step=on_step,
+                      on_epoch=not on_step, batch_size=1, rank_zero_only=True)
+        pl_module.log("forecast_gCO2e", forecast.total_gCO2e, prog_bar=True, logger=False, on_step=on_step,
+                      on_epoch=not on_step, batch_size=1, rank_zero_only=True)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         tracker = self._tracker

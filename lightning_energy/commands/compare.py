@@ -2,8 +2,11 @@
 
 Each run's power and cumulative energy are resampled from fit start to fit end (cubic, ``--rate-hz``,
 default 4 Hz), padded to the longest run and masked there, and averaged per group: all runs, or
-``--by ATTR`` (a run attribute such as precision, batch_size or power_limit_W) so repetitions are
-averaged. Writes ``compare.json``, ``compare_power.png`` and ``compare_energy.png`` into ``--out``.
+``--by ATTR`` (a run attribute such as precision, batch_size or power_limit_W, from the run dir's
+``run_attributes.json``, ``hparams.yaml`` or ``energy_report.json``) so repetitions are averaged. A fit
+boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
+``extrapolated_s`` column); further out is an error. Writes ``compare.json``, ``compare_power.png`` and
+``compare_energy.png`` into ``--out``.
 """
 
 from __future__ import annotations

@@ -27,11 +27,10 @@ def add_arguments(parser) -> None:
 def fit_runs(runs, by: str) -> dict:
     """Quadratic fits of energy, time and EDP against attribute ``by`` (RunError / ValueError on bad input)."""
     from lightning_energy.analysis.fit import quadratic_fit
-    from lightning_energy.analysis.runs import attribute
+    from lightning_energy.analysis.runs import require_attribute
 
     x = []
-    for run in runs:
-        value = attribute(run, by)
+    for run, value in zip(runs, require_attribute(runs, by)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"attribute {by!r} of run {run.name} is {value!r}, not a finite number")
         x.append(float(value))

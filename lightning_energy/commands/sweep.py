@@ -3,8 +3,9 @@
 Each run is a normal Lightning fit with EnergyCallback (its log dir under ``OUTPUT_DIR/runs/``), recorded
 in ``OUTPUT_DIR/energy_catalog.sqlite``. Prints the results table with the CERN study's estimate
 (energy per batch over 10 batches x batches) beside the measured energy, and writes
-``sweep_results.json`` and ``sweep_results.csv`` into the output dir. See :mod:`lightning_energy.sweep`;
-power limits are simulated.
+``sweep_results.json`` and ``sweep_results.csv`` into the output dir. See :mod:`lightning_energy.sweep`
+for power limits: on the simulated GPU (``sensors: {simulated: ...}``) or set on the real NVIDIA GPUs
+(``sensors: auto``; checked before the first run, the default restored after each).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from lightning_energy.commands.common import table
 
-HELP = "run a grid of fits (precision x batch size x simulated power limit x repetitions) and tabulate energy"
+HELP = "run a grid of fits (precision x batch size x power limit x repetitions) and tabulate energy"
 RESULTS_JSON = "sweep_results.json"
 RESULTS_CSV = "sweep_results.csv"
 
@@ -30,7 +31,7 @@ def run(args) -> int:
     from lightning_energy.cli import CommandError
     from lightning_energy.io import atomic_write_json, atomic_write_text
     from lightning_energy.sweep import (
-        SweepConfigError, load_config, quiet_lightning, run_name, run_one, summarise, sweep_order,
+        SweepConfigError, SweepError, load_config, run_name, run_sweep, summarise, sweep_order,
     )
 
     try:
@@ -44,28 +45,32 @@ def run(args) -> int:
         for index, (repetition, point) in enumerate(order):
             print(f"{index:>3}  {run_name(repetition, point)}")
         return 0
-    rows = []
-    with quiet_lightning():
-        for index, (repetition, point) in enumerate(order):
-            try:
-                rows.append(run_one(config, repetition, point, index))
-            except Exception as err:
-                raise CommandError(f"run {run_name(repetition, point)} ({index + 1}/{len(order)}) failed: "
-                                   f"{type(err).__name__}: {err}") from None
+    try:
+        rows = run_sweep(config, order)
+    except SweepError as err:
+        raise CommandError(str(err)) from None
     summary = summarise(rows)
-    print(table(["#", "rep", "precision", "batch", "limit W*", "batches", "time s", "energy J", "train J",
-                 "CERN est J", "est/train", "EDP J*s", "gCO2e"],
+    print(table(["#", "rep", "precision", "batch", "limit W*", "batches", "time s", "s/step", "energy J",
+                 "dev J/step", "train J", "CERN est J", "est/train", "EDP J*s", "gCO2e"],
                 [[r["order"], r["repetition"], r["precision"], r["batch_size"], r["power_limit_W"], r["batches"],
-                  r["duration_s"], r["energy_J"], r["train_J"], r["cern_estimate_J"], r["cern_vs_train"], r["edp_Js"],
-                  r["gCO2e"]] for r in rows]))
+                  r["duration_s"], r["time_per_step_s"], r["energy_J"], r["device_J_per_step"], r["train_J"],
+                  r["cern_estimate_J"], r["cern_vs_train"], r["edp_Js"], r["gCO2e"]] for r in rows]))
     print()
     print(table(["precision", "batch", "limit W*", "runs", "time s", "± std", "energy J", "± std", "EDP J*s"],
                 [[s["precision"], s["batch_size"], s["power_limit_W"], s["runs"], s["duration_s_mean"],
                   s["duration_s_std"], s["energy_J_mean"], s["energy_J_std"], s["edp_Js_mean"]] for s in summary]))
     notes = [f"CERN est: mean energy of {config.cern_batches} training batches x batches trained (steps only; "
              "train J is the measured training energy including data loading)"]
-    if any(r["power_limit_W"] is not None for r in rows):
-        notes.append("* power limits are SIMULATED: they cap a simulated sensor's draw and do not slow computation")
+    notes.append("s/step, dev J/step: training time and device energy per step (between the steps included)")
+    if config.power_limits == "simulated":
+        gpu = config.simulated["gpu"]
+        notes.append(f"* power limits are SIMULATED on lightning_energy.gpu_sim's GPU ({gpu['workload']} workload, "
+                     f"limits {gpu['min_limit_W']}-{gpu['max_limit_W']} W): steps slow down below the draw the "
+                     "workload asks for; the model's own figures are model_time_per_step_s and "
+                     f"model_device_J_per_step in {RESULTS_JSON}")
+    elif config.power_limits == "real":
+        notes.append("* power limits were set on this machine's NVIDIA GPU(s) through Zeus; the default limit was "
+                     "restored after each run")
     if any(r["estimated"] for r in rows):
         notes.append("energies are ESTIMATES (no power sensor on this machine)")
     print("\n".join(notes))
