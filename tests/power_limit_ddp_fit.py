@@ -34,7 +34,7 @@ def expected_choices() -> dict:
         seen[limit] = merged[limit]
     alone = [LimitProfile(x, cards[1].step_energy_J(x), cards[1].step_time_s(x), 1) for x in grid]
     return {
-        "merged_choice": objective.select(list(seen.values())),
+        "merged_choice": search.choose(seen),
         "rank1_alone_choice": Objective("zeus_cost").select(alone),
         "energy_J": {str(x): p.energy_J for x, p in seen.items()},
         "time_s": {str(x): p.time_s for x, p in seen.items()},

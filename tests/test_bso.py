@@ -109,6 +109,55 @@ def test_three_recurring_fits_honour_the_servers_batch_sizes(tmp_path, monkeypat
     assert [r[3] for r in rows] == pytest.approx(energies, rel=1e-9)
 
 
+def test_validation_within_epochs_reports_training_epochs(tmp_path, monkeypatch, bso_server):
+    """val_check_interval=0.5: two reports per epoch carry the training epochs completed, not a report count."""
+    url, _ = bso_server
+    clock = install_fake_time(monkeypatch.setattr)
+    gpu = SimulatedGPU(clock=clock)
+    client = ZeusBatchSizeOptimizer(url, job_id_prefix="lightning-energy-test",
+                                    job_id=f"lightning-energy-test-{uuid.uuid4().hex[:8]}", batch_sizes=[32, 64],
+                                    default_batch_size=64, monitor="val/acc", target_metric=0.5, max_epochs=5, gpu=gpu)
+    trainer = L.Trainer(callbacks=[client, SimulatedWorkload(gpu=gpu)], val_check_interval=0.5,
+                        **trainer_kwargs(tmp_path, max_epochs=10, logger=False, num_sanity_val_steps=0))
+    trainer.fit(AccuracyModule())
+    # val/acc is 0.6 from epoch 2 on: the server stops at that epoch's first (mid-epoch) validation
+    assert [r["current_epoch"] for r in client.reports] == [0, 1, 1, 2, 2]
+    assert client.outcome["converged"] is True
+    steps = 2 * (ROWS // 64) + ROWS // 64 // 2  # the last report: two epochs and a half
+    assert client.reports[-1]["time"] == pytest.approx(steps * gpu.step_time_s(300, 64), rel=1e-9)
+
+
+def test_state_dict_round_trip_resumes_the_trial_without_registering(tmp_path, monkeypatch, bso_server):
+    url, _ = bso_server
+    clock = install_fake_time(monkeypatch.setattr)
+    gpu = SimulatedGPU(clock=clock)
+    job = dict(job_id_prefix="lightning-energy-test", job_id=f"lightning-energy-test-{uuid.uuid4().hex[:8]}",
+               batch_sizes=[32, 64], default_batch_size=64, monitor="val/acc", target_metric=0.5, max_epochs=5, gpu=gpu)
+    first = ZeusBatchSizeOptimizer(url, **job)
+    trainer = L.Trainer(callbacks=[first, SimulatedWorkload(gpu=gpu)],
+                        **trainer_kwargs(tmp_path / "a", max_epochs=1, logger=False, num_sanity_val_steps=0))
+    trainer.fit(AccuracyModule())
+    (report,) = first.reports
+    trial = {key: report[key] for key in ("job_id", "batch_size", "trial_number")}
+    saved = first.state_dict()
+    assert saved == {"trial": None, "time_s": report["time"], "energy_J": report["energy"]}  # trial closed at fit end
+    # a checkpoint taken while the trial ran holds it: the resumed run keeps that trial and its totals
+    saved["trial"] = trial
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens: any request to register a job would fail at once
+    second = ZeusBatchSizeOptimizer(f"http://127.0.0.1:{port}", **{**job, "default_batch_size": 32}, timeout_s=2.0)
+    second.load_state_dict(saved)
+    assert second.state_dict() == saved
+    module = AccuracyModule()
+    trainer = L.Trainer(callbacks=[second, SimulatedWorkload(gpu=gpu)],
+                        **trainer_kwargs(tmp_path / "b", max_epochs=1, logger=False, num_sanity_val_steps=0))
+    with pytest.warns(UserWarning, match="could not close trial"), \
+            pytest.raises(BSOServerError, match="cannot reach"):  # the first report, after a whole epoch
+        trainer.fit(module)
+    assert second.batch_size == 64 and module.trained_batches == [64] * (ROWS // 64)
+
+
 def test_unreachable_server_fails_before_training_naming_the_launcher(tmp_path, monkeypatch):
     clock = install_fake_time(monkeypatch.setattr)
     gpu = SimulatedGPU(clock=clock)

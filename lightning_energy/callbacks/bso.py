@@ -230,7 +230,7 @@ class ZeusBatchSizeOptimizer(Callback):
 
     def _report(self, trainer: Trainer, energy_J: float, time_s: float, value: float) -> dict:
         common = _zeus_bso()
-        epoch = len(self.reports) + 1 + int(self._resumed_epochs)
+        epoch = trained_epochs(trainer)
         result = common.TrainingResult(**self.trial, time=time_s + self._resumed_time_s,
                                        energy=energy_J + self._resumed_energy_J, metric=value, current_epoch=epoch)
         answer = common.ReportResponse.parse_obj(self._request("POST", common.REPORT_RESULT_URL, content=result.json()))
@@ -245,19 +245,29 @@ class ZeusBatchSizeOptimizer(Callback):
         return answer.dict()
 
     # ---------------------------------------------------------------- resume
-    _resumed_epochs = 0
     _resumed_time_s = 0.0
     _resumed_energy_J = 0.0
 
     def state_dict(self) -> dict[str, Any]:
+        """The trial, and the time (s) and energy (J) reported last (the epoch count is the Trainer's)."""
+        trial = self.trial if self.trial is not None else self._resumed_trial  # restored, not yet started
         if not self.reports:
-            return {"trial": self.trial, "epochs": self._resumed_epochs, "time_s": self._resumed_time_s,
-                    "energy_J": self._resumed_energy_J}
+            return {"trial": trial, "time_s": self._resumed_time_s, "energy_J": self._resumed_energy_J}
         last = self.reports[-1]
-        return {"trial": self.trial, "epochs": last["current_epoch"], "time_s": last["time"], "energy_J": last["energy"]}
+        return {"trial": trial, "time_s": last["time"], "energy_J": last["energy"]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed_trial = state_dict.get("trial")
-        self._resumed_epochs = int(state_dict.get("epochs", 0))
         self._resumed_time_s = float(state_dict.get("time_s", 0.0))
         self._resumed_energy_J = float(state_dict.get("energy_J", 0.0))
+
+
+def trained_epochs(trainer: Trainer) -> int:
+    """Training epochs completed when a validation run ends (Zeus's ``current_epoch``).
+
+    A validation after an epoch's last batch completes that epoch; one within an epoch
+    (``val_check_interval`` < 1) reports the epochs completed before it, so several validation runs
+    in one epoch are not counted as several epochs.
+    """
+    at_epoch_end = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+    return trainer.current_epoch + int(at_epoch_end)

@@ -135,8 +135,10 @@ class PowerLimitOptimizer(Callback):
         selector: ``"zeus_cost"`` (eta*E + (1-eta)*MaxPower*T), ``"energy"``, ``"time"`` or ``"max_slowdown"``.
         eta_knob: eta of the ZeusCost selector, in [0, 1].
         max_slowdown_factor: for ``"max_slowdown"``: the lowest limit at most this much slower than the maximum.
-        search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart) or ``"adaptive"`` (fewer limits:
-            coarse points and a quadratic model, exhaustive when the costs are not unimodal).
+        search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart, Zeus's selector picks) or
+            ``"adaptive"`` (fewer limits: three spread limits and quadratic fits of energy and time, checks
+            only where the fit is uncertain, and for cost selectors the fit's optimum even where it lies
+            between profiled limits; exhaustive when the costs are not unimodal).
         wait_steps, warmup_steps, profile_steps: steps before anything, per limit before and while measuring.
         pl_step_W: spacing of the candidate limits (W).
         profile_path: a profile file: loaded and used without profiling when it exists, written when not.
@@ -146,8 +148,8 @@ class PowerLimitOptimizer(Callback):
             default: this rank's CUDA device through Zeus's ``get_gpus()``.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
-        tolerance: for ``search="adaptive"``: stop when no unprofiled limit is predicted to beat the best
-            cost by more than this fraction.
+        tolerance: for ``search="adaptive"``: profile a limit only where the fit predicts it to beat the
+            best cost by more than this fraction (see ``lightning_energy.power_limit.AdaptiveSearch``).
     """
 
     def __init__(
@@ -297,7 +299,7 @@ class PowerLimitOptimizer(Callback):
         if document.get("gpu_name") not in (None, self._gpu_name):
             rank_zero_warn(f"power-limit profile {path} was made on {document['gpu_name']!r}, this is {self._gpu_name!r}")
         self.profiles = {p.limit_W: p for p in profiles}
-        self.chosen_limit_W = self._objective.select(self._ordered_profiles())
+        self.chosen_limit_W = self._strategy.choose(self.profiles)
         self._loaded_profile = True
         rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
 
@@ -430,7 +432,7 @@ class PowerLimitOptimizer(Callback):
     def _decide(self, trainer: Trainer) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
         self._merge_pending(trainer)
-        choice = self._objective.select(self._ordered_profiles()) if trainer.is_global_zero else None
+        choice = self._strategy.choose(self.profiles) if trainer.is_global_zero else None
         self.chosen_limit_W = int(trainer.strategy.broadcast(choice, src=0))
         self._state = Done(optimal_power_limit=self.chosen_limit_W * MILLI)
         self._set_limit(trainer, self.chosen_limit_W)
