@@ -289,14 +289,19 @@ def _read_events(path: Path) -> list[dict]:
     return events
 
 
+def _read_json(path: Path):
+    """The JSON value in ``path``; a RunError naming the file when it is not valid JSON."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise RunError(f"{path} is not valid JSON ({err})") from None
+
+
 def _read_attributes(path: Path) -> dict:
     attributes: dict = {}
     report = path / REPORT_FILE
     if report.exists():
-        try:
-            loaded = json.loads(report.read_text())
-        except json.JSONDecodeError as err:
-            raise RunError(f"{report} is not valid JSON ({err})") from None
+        loaded = _read_json(report)
         if isinstance(loaded, dict):
             attributes.update(report_attributes(loaded))
     hparams = path / HPARAMS_FILE
@@ -311,10 +316,7 @@ def _read_attributes(path: Path) -> dict:
             attributes.update(_flatten(loaded))
     attributes_file = path / RUN_ATTRIBUTES_FILE
     if attributes_file.exists():
-        try:
-            loaded = json.loads(attributes_file.read_text())
-        except json.JSONDecodeError as err:
-            raise RunError(f"{attributes_file} is not valid JSON ({err})") from None
+        loaded = _read_json(attributes_file)
         if not isinstance(loaded, dict):
             raise RunError(f"{attributes_file} must hold a JSON object")
         attributes.update(loaded)
