@@ -161,14 +161,20 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def goal(summary: dict) -> dict:
-    """Per card: adaptive mean steps <= half the sweep's, and, for every selector, success at least the sweep's."""
+    """Per card, the issue's goal: the profiling steps needed per pick within 2 % of the optimum (mean steps /
+    success) at most half the sweep's, at an overall success no lower than the sweep's. Selectors where the
+    adaptive search succeeds less often are listed with the gap (percentage points), for information."""
     out = {}
     for card in CARDS:
-        ratio = summary["by_card_and_noise"][card]["all"]["step_ratio_mean"]
-        behind = [label for label, b in summary["by_card_and_selector"][card].items()
-                  if b["adaptive"]["success"] < b["exhaustive"]["success"]]
-        out[card] = {"step_ratio_mean": ratio, "steps_met": ratio <= GOAL_STEP_RATIO,
-                     "selectors_less_successful": behind, "met": ratio <= GOAL_STEP_RATIO and not behind}
+        both = summary["by_card_and_noise"][card]["all"]
+        needed_ratio = both["adaptive"]["steps_needed"] / both["exhaustive"]["steps_needed"]
+        success_ok = both["adaptive"]["success"] >= both["exhaustive"]["success"]
+        behind = {label: round(100 * (b["exhaustive"]["success"] - b["adaptive"]["success"]), 2)
+                  for label, b in summary["by_card_and_selector"][card].items()
+                  if b["adaptive"]["success"] < b["exhaustive"]["success"]}
+        out[card] = {"steps_needed_ratio": needed_ratio, "step_ratio_mean": both["step_ratio_mean"],
+                     "success_not_lower": success_ok, "selectors_less_successful_points": behind,
+                     "met": needed_ratio <= GOAL_STEP_RATIO and success_ok}
     return out
 
 
@@ -217,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     verdict = goal(summary)
     print()
     for card, g in verdict.items():
-        print(f"goal on {card}: adaptive/sweep steps {g['step_ratio_mean']:.2f} <= {GOAL_STEP_RATIO}: "
-              f"{'yes' if g['steps_met'] else 'NO'}; success below the sweep's for: "
-              f"{', '.join(g['selectors_less_successful']) or 'no selector'}")
+        behind = ", ".join(f"{k} (-{v} pt)" for k, v in g["selectors_less_successful_points"].items()) or "none"
+        print(f"goal on {card}: steps needed adaptive/sweep {g['steps_needed_ratio']:.2f} <= {GOAL_STEP_RATIO}"
+              f" (mean steps {g['step_ratio_mean']:.2f}), overall success not lower:"
+              f" {'yes' if g['success_not_lower'] else 'NO'} -> {'met' if g['met'] else 'NOT met'};"
+              f" selectors with lower success: {behind}")
     result.update({
         "goal": {"step_ratio_max": GOAL_STEP_RATIO, "per_card": verdict, "met": all(g["met"] for g in verdict.values())},
         "settings": {"wait_steps": WAIT_STEPS, "warmup_steps": WARMUP_STEPS, "profile_steps": PROFILE_STEPS,
