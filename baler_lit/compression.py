@@ -41,6 +41,7 @@ from . import __version__
 from .errors import BalerInputError
 from .models import BalerAutoencoder, build_model
 from .normalization import MinMaxNormalizer
+from .sources import existing_file
 from .table import DtypeRestorer, Table, atomic_output, check_output, write_npz
 
 MAGIC = "baler-lit compressed data"
@@ -272,11 +273,7 @@ def compress(
 
 def read_compressed(path: str | os.PathLike) -> CompressedFile:
     """Open and verify a ``.baler`` file; raise :class:`BalerInputError` naming what is wrong."""
-    p = Path(path)
-    if not p.exists():
-        raise BalerInputError(f"compressed file {p} does not exist")
-    if not p.is_file():
-        raise BalerInputError(f"compressed input {p} is not a file")
+    p = existing_file(path, "compressed file")
     try:
         zf = zipfile.ZipFile(p)
     except zipfile.BadZipFile:

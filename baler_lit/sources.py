@@ -29,14 +29,15 @@ ROOT_NUMERIC_TYPES = {
 }  # fmt: skip
 
 
-def _existing_file(path: str | os.PathLike) -> Path:
+def existing_file(path: str | os.PathLike, what: str = "input file") -> Path:
+    """``path`` as a Path if it is a readable file; else a BalerInputError naming ``what`` and the problem."""
     p = Path(path)
     if not p.exists():
-        raise BalerInputError(f"input file {p} does not exist")
+        raise BalerInputError(f"{what} {p} does not exist")
     if not p.is_file():
-        raise BalerInputError(f"input {p} is not a file")
+        raise BalerInputError(f"{what} {p} is not a file")
     if not os.access(p, os.R_OK):
-        raise BalerInputError(f"input file {p} is not readable")
+        raise BalerInputError(f"{what} {p} is not readable")
     return p
 
 
@@ -48,7 +49,7 @@ def load_table(
     root_prefix: str | None = None,
 ) -> Table:
     """Read ``path`` (``.npz`` or ``.root``) into a :class:`Table`."""
-    p = _existing_file(path)
+    p = existing_file(path)
     suffix = p.suffix.lower()
     if suffix == ".npz":
         return load_npz(p, npz_key)
@@ -59,7 +60,7 @@ def load_table(
 
 def load_npz(path: str | os.PathLike, key: str = "data") -> Table:
     """Read Baler's npz layout (``data``, optional ``names`` and ``dtypes``) without unpickling."""
-    p = _existing_file(path)
+    p = existing_file(path)
     try:
         npz = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -98,7 +99,7 @@ def load_root(
     import awkward as ak
     import uproot
 
-    p = _existing_file(path)
+    p = existing_file(path)
     try:
         rootfile = uproot.open(p)
     except Exception as exc:  # uproot raises many types for non-ROOT or damaged files
