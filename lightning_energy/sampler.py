@@ -72,6 +72,8 @@ class Sampler:
         if not interval_s >= MIN_INTERVAL_S:
             raise ValueError(f"interval_s must be >= {MIN_INTERVAL_S} s, got {interval_s}")
         with self._lock:
+            for sensor in sensors:
+                self._check_name_is_free(sensor)
             self._owners[owner] = interval_s
             self.interval_s = min(self._owners.values())
             names = []
@@ -87,6 +89,17 @@ class Sampler:
             self._thread = threading.Thread(target=self._run, name="lightning-energy-sampler", daemon=True)
             self._thread.start()
         return names
+
+    def _check_name_is_free(self, sensor: Sensor) -> None:
+        """Series are kept by sensor name: refuse a different sensor under a name already in use."""
+        series = self.series.get(sensor.name)
+        if series is None or series.sensor is sensor or series.sensor.identity() == sensor.identity():
+            return
+        raise ValueError(
+            f"two different sensors are named {sensor.name!r}: {sensor!r} ({sensor.source}) and {series.sensor!r} "
+            f"({series.sensor.source}), already in use by another callback. Callbacks share sensors by name, so "
+            "give each sensor a distinct name, or pass the same sensor object to every callback"
+        )
 
     def release(self, owner: object) -> None:
         """Drop ``owner``; close sensors nobody uses any more; stop the thread when nobody is left."""

@@ -296,7 +296,8 @@ def test_mfu_follows_the_precision_switch(tmp_path, fixed_peaks):
     from lightning_energy.callbacks.precision import PrecisionSwitch
     from precision_helpers import FollowMode, ModePowerSensor
 
-    sensor = ModePowerSensor({"32-true": 50.0, "bf16-mixed": 500.0})  # 32-true is cheaper: chosen after profiling
+    # 32-true is cheaper: chosen after profiling (a name of its own: "device" is the FlopsCallback's sensor)
+    sensor = ModePowerSensor({"32-true": 50.0, "bf16-mixed": 500.0}, name="mode_power")
     switch = PrecisionSwitch(candidates=["32-true", "bf16-mixed"], warmup_steps=1, profile_steps=2, probe=False,
                              sensors=[sensor], interval_s=0.002, verbose=False)
     callback = FlopsCallback(sensors=[SimulatedSensor("device", POWER_W)])

@@ -185,6 +185,20 @@ def test_release_stops_thread_and_closes_sensors(clock):
     assert closed == ["x", "y"] and not sampler.running
 
 
+def test_callbacks_share_a_name_only_between_sensors_that_read_the_same_thing(manual_sampler, clock):
+    first = SimulatedSensor("device", 80.0, clock=clock)
+    manual_sampler.acquire("energy", [first], start_thread=False)
+    twin = SimulatedSensor("device", 80.0, clock=clock)  # what a second callback's own detection would build
+    assert manual_sampler.acquire("flops", [twin], start_thread=False) == ["device"]
+    assert manual_sampler.series["device"].sensor is first
+    with pytest.raises(ValueError, match="two different sensors are named 'device'.*distinct name"):
+        manual_sampler.acquire("switch", [SimulatedSensor("gpu", 1.0), SimulatedSensor("device", 500.0)],
+                               start_thread=False)
+    assert "switch" not in manual_sampler._owners and "gpu" not in manual_sampler.series  # nothing half-registered
+    manual_sampler.release("flops")
+    assert manual_sampler.series["device"].sensor is first  # still held by "energy"
+
+
 def test_interval_is_validated(manual_sampler):
     with pytest.raises(ValueError, match="interval_s"):
         manual_sampler.acquire("x", [], interval_s=0.0, start_thread=False)

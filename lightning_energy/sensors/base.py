@@ -81,6 +81,12 @@ class Sensor:
             "source": self.source,
         }
 
+    def identity(self) -> tuple:
+        """What makes two sensor objects read the same thing: the shared sampler lets callbacks share a
+        name only between sensors with equal identities (two callbacks that each detected the same GPU).
+        Not ``source``: sensors may refine it when opened. Subclasses add what else sets their readings."""
+        return (type(self), self.name, self.scope, self.kind, bool(self.estimated))
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, scope={self.scope!r})"
 

@@ -89,6 +89,10 @@ class SimulatedSensor(Sensor):
     def kind(self) -> str:
         return self._kind
 
+    def identity(self) -> tuple:
+        trace = (tuple(self._trace.starts), tuple(self._trace.watts))
+        return (*super().identity(), trace, self.counter_update_period_s, self.fail_after_s)
+
     def open(self) -> None:
         if self._origin is None:
             self._origin = self._clock()
