@@ -10,6 +10,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from conftest import TinyRegressor
+from lightning_energy.sampler import get_sampler
 from lightning_energy.sensors.base import Sensor
 
 SAMPLER_INTERVAL_S = 0.002
@@ -28,6 +29,9 @@ class ModePowerSensor(Sensor):
     def power_w(self) -> float:
         return self.watts_by_mode[self.mode]
 
+    def identity(self) -> tuple:
+        return (*super().identity(), tuple(sorted(self.watts_by_mode.items())))
+
 
 class FollowMode(L.Callback):
     """Moves the sensor to the plugin's mode at the end of a training step, ``pause_s`` away from the step.
@@ -35,7 +39,9 @@ class FollowMode(L.Callback):
     Put it after ``PrecisionSwitch`` in the callback list: when the mode has changed it sleeps ``pause_s``,
     changes the simulated power and sleeps ``pause_s`` again, so the change lies far (in sampler intervals)
     from the end mark of the last step of the old mode and from the start mark of the first step of the new
-    one. Each measured window then sees constant power and the expected energies are exact. With no
+    one, and takes a sample just before and just after it, so the change is bracketed by samples even when
+    the sampling thread is starved. Each measured window then sees constant power and the expected
+    energies are exact. With no
     ``sensor`` (a callback built from a config) it follows the ModePowerSensor given to the PrecisionSwitch.
     """
 
@@ -54,7 +60,10 @@ class FollowMode(L.Callback):
         mode = trainer.precision_plugin.mode_name
         if mode != self.sensor.mode:
             time.sleep(self.pause_s)
+            sampler = get_sampler()
+            sampler.sample_once()
             self.sensor.mode = mode
+            sampler.sample_once()
             time.sleep(self.pause_s)
 
 

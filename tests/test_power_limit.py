@@ -20,7 +20,7 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from conftest import trainer_kwargs
+from conftest import FakeClock, trainer_kwargs
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
 from lightning_energy.gpu_sim import (
     COMPUTE_BOUND,
@@ -298,8 +298,10 @@ def test_our_state_machine_sets_the_same_limits_at_the_same_steps_as_zeus(tmp_pa
         from zeus.optimizer.power_limit import Energy, GlobalPowerLimitOptimizer
 
     batches_per_epoch, epochs = 10, 3
-    quick = StepModel(overhead_s=0.001, per_sample_s=2e-6, contention_s=0.0)  # real time: ~2 ms steps
-    zeus_gpu = SimulatedGPU(gpu_index=7, step=quick)
+    quick = StepModel(overhead_s=0.001, per_sample_s=2e-6, contention_s=0.0)  # ~2 ms steps
+    # the card's own clock: Zeus reads its energy counter, so the energies it compares are exact, not
+    # limit x (real time with sleep overshoot), where 150 W and 175 W differ by only 8 %
+    zeus_gpu = SimulatedGPU(gpu_index=7, step=quick, clock=FakeClock())
     monkeypatch.setattr(zeus_energy, "sync_execution_fn", lambda *a, **k: None)  # CUDA sync: no CUDA here
     exit_hooks = []
     monkeypatch.setattr(atexit, "register", lambda fn, *a, **k: exit_hooks.append(fn))
