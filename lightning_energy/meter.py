@@ -129,20 +129,21 @@ class Meter:
     def wait(self, mark: Mark, timeout_s: float | None = None) -> Mark:
         """Block until ``mark`` is resolved (per-epoch use only); past the timeout, extrapolate it.
 
-        Also guarantees that every window queued before ``mark`` is resolved.
+        When the sampling thread has not sampled by the timeout (a starved thread on a loaded machine), the
+        sensors are read once here before anything is extrapolated, so the trace still gets a sample after
+        the mark. Also guarantees that every window queued before ``mark`` is resolved.
         """
         if timeout_s is None:
             timeout_s = self.sampler.resolution_timeout_s()
         deadline = time.perf_counter() + timeout_s
         while not mark.resolved:
-            if not self.sampler.running:
-                self.sampler.sample_once()
-                if not mark.resolved and time.perf_counter() >= deadline:
-                    self.sampler.force_resolve(self, mark)
-                continue
-            self.sampler.request_sample()
-            with self._resolved:
-                self._resolved.wait(timeout=min(self.sampler.interval_s, 0.01))
+            if self.sampler.running:
+                self.sampler.request_sample()
+                with self._resolved:
+                    self._resolved.wait(timeout=min(self.sampler.interval_s, 0.01))
+                if mark.resolved or time.perf_counter() < deadline:
+                    continue
+            self.sampler.sample_once()
             if not mark.resolved and time.perf_counter() >= deadline:
                 self.sampler.force_resolve(self, mark)
         return mark

@@ -155,6 +155,23 @@ def test_unresolved_mark_is_extrapolated_when_forced(manual_sampler, clock):
     assert mark.energy["s"] == pytest.approx(100.0 * 0.15, rel=1e-9)
 
 
+def test_a_wait_on_a_starved_sampling_thread_reads_the_sensors_itself():
+    sampler = Sampler()
+    sampler._run = lambda: sampler._stop.wait()  # a thread that never gets to sample (a loaded machine)
+    names = sampler.acquire("starved", [SimulatedSensor("s", 100.0)], interval_s=0.001)
+    try:
+        assert sampler.running
+        meter = Meter(sampler, names)
+        sampler.add_meter(meter)
+        mark = meter.mark()
+        assert meter.wait(mark, timeout_s=0.02) is mark and mark.resolved
+        assert not mark.extrapolated  # resolved by a real reading taken after the mark
+        assert sampler.series["s"].times[-1] >= mark.t
+    finally:
+        sampler.release("starved")
+    assert not sampler.running
+
+
 def test_memory_stays_bounded_over_many_samples(manual_sampler, clock):
     sensor = SimulatedSensor("s", 10.0, clock=clock)
     meter = setup_meter(manual_sampler, clock, [sensor])
