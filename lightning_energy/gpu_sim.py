@@ -379,6 +379,9 @@ class SimulatedGpuSensor(Sensor):
             self._gpu = simulated_gpu(self.gpu_index)
         return self._gpu
 
+    def identity(self) -> tuple:
+        return (*super().identity(), self.gpu_index)
+
     def open(self) -> None:
         self.source = f"simulated GPU {self.gpu_index} ({self.gpu.name}) energy counter"
 

@@ -216,6 +216,24 @@ def test_callbacks_share_a_name_only_between_sensors_that_read_the_same_thing(ma
     assert manual_sampler.series["device"].sensor is first  # still held by "energy"
 
 
+def test_sensors_of_one_name_on_different_hardware_are_told_apart(manual_sampler):
+    from lightning_energy.sensors.estimate import CpuEstimateSensor
+    from lightning_energy.sensors.nvml import NvmlGpuSensor
+
+    class OpenedNvml(NvmlGpuSensor):
+        def open(self):
+            self._mode = "power"  # what opening a pre-Volta card settles
+
+    assert NvmlGpuSensor(0, name="gpu").identity() == NvmlGpuSensor(0, name="gpu").identity()
+    first = OpenedNvml(0, name="gpu")
+    manual_sampler.acquire("a", [first, CpuEstimateSensor(tdp_w=65.0)], start_thread=False)
+    assert manual_sampler.acquire("b", [OpenedNvml(0, name="gpu")], start_thread=False) == ["gpu"]
+    with pytest.raises(ValueError, match="named 'gpu'"):
+        manual_sampler.acquire("c", [OpenedNvml(1, name="gpu")], start_thread=False)
+    with pytest.raises(ValueError, match="named 'cpu_estimate'"):
+        manual_sampler.acquire("d", [CpuEstimateSensor(tdp_w=125.0)], start_thread=False)
+
+
 def test_interval_is_validated(manual_sampler):
     with pytest.raises(ValueError, match="interval_s"):
         manual_sampler.acquire("x", [], interval_s=0.0, start_thread=False)

@@ -46,6 +46,9 @@ class CpuEstimateSensor(Sensor):
         )
         self._load = None
 
+    def identity(self) -> tuple:
+        return (*super().identity(), self.tdp_w)
+
     def open(self) -> None:
         if self._load is None:
             self._load = SystemLoad()

@@ -84,6 +84,10 @@ class NvmlGpuSensor(Sensor):
     def kind(self) -> str:
         return self._mode
 
+    def identity(self) -> tuple:
+        # not the kind: it is settled when the sensor opens (counter, or power on pre-Volta parts)
+        return (type(self), self.name, self.nvml_index)
+
     def open(self) -> None:
         if self._handle is not None:
             return

@@ -35,6 +35,9 @@ class RaplSensor(Sensor):
         self._last_raw_uj: int | None = None
         self._wraps = 0
 
+    def identity(self) -> tuple:
+        return (*super().identity(), str(self.zone.path))
+
     def _read_raw_uj(self) -> int:
         return int((self.zone.path / "energy_uj").read_text())
 
