@@ -4,11 +4,17 @@ A record holds the model name, parameter count, FLOPs per step (when known), har
 batch size, steps, energy per sensor (J), time (s), CO2e (g), final metrics, checkpoint path and
 config. Several processes may write at once: the file is in WAL mode, writers wait for each other
 (``busy_timeout``) and each record is one ``BEGIN IMMEDIATE`` transaction, so nothing is lost.
+
+Every failure is a :class:`CatalogError` with one line naming the file and the cause: a damaged or
+foreign file is a plain ``CatalogError``; a catalog that cannot be used now (locked by another process
+past the timeout, read-only, a full disk, an I/O error, an uncreatable folder) is a
+:class:`CatalogUnavailableError`, which is also an ``OSError``. No ``sqlite3`` exception escapes.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -67,14 +73,56 @@ CREATE TABLE IF NOT EXISTS fit_sensors (
 
 
 class CatalogError(ValueError):
-    """The catalog file is missing, not a catalog, or has no such record."""
+    """The catalog file is missing, not a catalog (or damaged), has no such record, or cannot be used now."""
+
+
+class CatalogUnavailableError(CatalogError, OSError):
+    """The catalog cannot be read or written now: locked by another process past the timeout, read-only,
+    a full disk, an I/O error. Also an ``OSError`` (``errno`` set where the cause maps to one)."""
+
+
+# SQLite result codes (the primary code: the low byte of an extended one) -> (what it means, errno)
+_UNAVAILABLE = {
+    5: ("is locked by another process", errno.EBUSY),  # SQLITE_BUSY
+    6: ("is locked by another process", errno.EBUSY),  # SQLITE_LOCKED
+    8: ("is read-only", errno.EROFS),  # SQLITE_READONLY
+    10: ("could not be read or written (I/O error)", errno.EIO),  # SQLITE_IOERR
+    13: ("could not be written: the disk is full", errno.ENOSPC),  # SQLITE_FULL
+    14: ("could not be opened", errno.EACCES),  # SQLITE_CANTOPEN
+    15: ("could not be locked (the file system's locking failed)", errno.ENOLCK),  # SQLITE_PROTOCOL
+    23: ("is not accessible (authorisation denied)", errno.EACCES),  # SQLITE_AUTH
+}
+_DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
 
 
 class Catalog:
-    """The SQLite run catalog at ``path`` (created on the first :meth:`add`)."""
+    """The SQLite run catalog at ``path`` (created on the first :meth:`add`).
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    ``timeout_s``: how long a writer waits for another one (default ``BUSY_TIMEOUT_S``); past it the
+    call raises :class:`CatalogUnavailableError`.
+    """
+
+    def __init__(self, path: str | os.PathLike, timeout_s: float | None = None) -> None:
         self.path = Path(path)
+        if timeout_s is not None and not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be a non-negative number of seconds, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+
+    @property
+    def _timeout_s(self) -> float:
+        return BUSY_TIMEOUT_S if self.timeout_s is None else float(self.timeout_s)
+
+    @contextmanager
+    def _errors(self, doing: str):
+        """Turn any sqlite3 or OS error while ``doing`` into one :class:`CatalogError` line."""
+        try:
+            yield
+        except CatalogError:
+            raise
+        except sqlite3.Error as err:
+            raise _catalog_error(self.path, doing, err, self._timeout_s) from None
+        except OSError as err:
+            raise _unavailable(f"run catalog {self.path}: {doing} failed ({_one_line(err)})", err.errno) from None
 
     @contextmanager
     def _connect(self, create: bool):
@@ -82,18 +130,21 @@ class Catalog:
             raise CatalogError(f"no run catalog at {self.path}")
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)) as conn:
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        timeout_s = self._timeout_s
+        with closing(sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)) as conn:
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
             try:
                 if create:
-                    _retry_while_locked(lambda: self._create(conn))
+                    _retry_while_locked(lambda: self._create(conn), timeout_s)
                 elif conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
                     raise CatalogError(f"{self.path} is not a lightning-energy run catalog (schema version differs)")
             except sqlite3.OperationalError:
                 raise
             except sqlite3.DatabaseError as err:
-                raise CatalogError(f"{self.path} is not a lightning-energy run catalog ({err})") from None
+                if _code(err) in _UNAVAILABLE:
+                    raise
+                raise CatalogError(f"{self.path} is not a lightning-energy run catalog ({_one_line(err)})") from None
             conn.row_factory = sqlite3.Row
             yield conn
 
@@ -115,17 +166,23 @@ class Catalog:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def ensure(self) -> None:
-        """Create the file and its tables if needed (to fail early on an unwritable location)."""
-        with self._connect(create=True):
+        """Create the file and its tables if needed (to fail early on an unwritable location).
+
+        Raises :class:`CatalogUnavailableError` (an ``OSError``) or :class:`CatalogError`."""
+        with self._errors("opening the catalog"), self._connect(create=True):
             pass
 
     # ---------------------------------------------------------------- writing
     def add(self, record: dict) -> int:
-        """Insert one fit (``record``: the FIT_COLUMNS keys plus ``sensors``); returns its id."""
+        """Insert one fit (``record``: the FIT_COLUMNS keys plus ``sensors``); returns its id.
+
+        Raises :class:`CatalogError` (nothing written) when it cannot: :class:`CatalogUnavailableError`
+        when the catalog is locked, read-only, on a full disk, ...; a plain one when it is damaged.
+        """
         values = []
         for name, _ in FIT_COLUMNS:
             value = record.get(name)
@@ -140,7 +197,7 @@ class Catalog:
             raise CatalogError("a catalog record needs a `model` name")
         names = ", ".join(name for name, _ in FIT_COLUMNS)
         marks = ", ".join("?" for _ in FIT_COLUMNS)
-        with self._connect(create=True) as conn:
+        with self._errors("adding a fit"), self._connect(create=True) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 fit_id = conn.execute(f"INSERT INTO fits ({names}) VALUES ({marks})", values).lastrowid
@@ -152,19 +209,19 @@ class Catalog:
                 )
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
         return int(fit_id)
 
     # ---------------------------------------------------------------- reading
     def list(self) -> list[dict]:
         """Every fit (without per-sensor rows), oldest first."""
-        with self._connect(create=False) as conn:
+        with self._errors("listing fits"), self._connect(create=False) as conn:
             return [_fit_row(row) for row in conn.execute("SELECT * FROM fits ORDER BY id")]
 
     def get(self, fit_id: int) -> dict:
         """One fit with its ``sensors``; :class:`CatalogError` if there is none with that id."""
-        with self._connect(create=False) as conn:
+        with self._errors(f"reading fit {fit_id}"), self._connect(create=False) as conn:
             row = conn.execute("SELECT * FROM fits WHERE id = ?", (fit_id,)).fetchone()
             if row is None:
                 raise CatalogError(f"no fit with id {fit_id} in {self.path}")
@@ -197,10 +254,10 @@ class Catalog:
         return out.getvalue()
 
 
-def _retry_while_locked(action) -> None:
+def _retry_while_locked(action, timeout_s: float | None = None) -> None:
     """Run ``action``, retrying while another process holds the lock SQLite needs (switching to WAL
     takes an exclusive lock that does not wait through ``busy_timeout``)."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    deadline = time.monotonic() + (BUSY_TIMEOUT_S if timeout_s is None else timeout_s)
     while True:
         try:
             return action()
@@ -208,6 +265,49 @@ def _retry_while_locked(action) -> None:
             if "locked" not in str(err) and "busy" not in str(err) or time.monotonic() > deadline:
                 raise
             time.sleep(0.005 + random.random() * 0.02)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is open; never hides the error being handled (SQLite may have rolled back)."""
+    try:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
+def _code(err: sqlite3.Error) -> int | None:
+    code = getattr(err, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _unavailable(message: str, errno_: int | None) -> CatalogUnavailableError:
+    err = CatalogUnavailableError(message)
+    err.errno = errno_
+    return err
+
+
+def _catalog_error(path: Path, doing: str, err: sqlite3.Error, timeout_s: float) -> CatalogError:
+    """One line for ``err`` met while ``doing``: unavailable (locked, read-only, full, ...) or damaged."""
+    code, detail = _code(err), _one_line(err)
+    if code is None:  # older Pythons: classify by SQLite's message
+        text = detail.lower()
+        code = (5 if "locked" in text or "busy" in text else 8 if "readonly" in text or "read-only" in text
+                else 13 if "full" in text else 14 if "unable to open" in text
+                else 11 if "malformed" in text else 26 if "not a database" in text else None)
+    if code in _UNAVAILABLE:
+        meaning, errno_ = _UNAVAILABLE[code]
+        if code in (5, 6):
+            meaning += f" (waited {timeout_s:g} s)"
+        return _unavailable(f"run catalog {path} {meaning}: {doing} failed ({detail})", errno_)
+    if code in _DAMAGED:
+        return CatalogError(f"run catalog {path} is damaged or not a lightning-energy run catalog: "
+                            f"{doing} failed ({detail})")
+    return CatalogError(f"run catalog {path}: {doing} failed ({type(err).__name__}: {detail})")
 
 
 def _fit_row(row: sqlite3.Row) -> dict:

@@ -1,30 +1,111 @@
-"""File writing that never leaves a half-written file: write to a temporary name, then rename."""
+"""File writing that never leaves a half-written file: write to a temporary name, then rename.
+
+The temporary file is created exclusively (``O_EXCL``) under an unpredictable name in the target's
+folder (:func:`tempfile.mkstemp`), written, flushed and ``fsync``-ed (a full disk often shows only
+there), given the target's mode (an existing file's, else ``0o666`` less the umask) and renamed over
+the target; on any failure it is removed and the target is left as it was.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+from lightning_energy.output_worker import describe_error
+
+# fsync errors that only say the file system cannot sync (e.g. some network or virtual file systems)
+_FSYNC_UNSUPPORTED = {errno.EINVAL, getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+
+
+def fsync(fd: int) -> None:
+    """``os.fsync(fd)``, except where the file system does not support syncing (then nothing)."""
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in _FSYNC_UNSUPPORTED:
+            raise
+
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename."""
+    """Write ``text`` to ``path`` through a temporary file in the same folder and an atomic rename.
+
+    Raises ``OSError`` (the target untouched, no temporary file left) when that fails.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+            fh.flush()
+            fsync(fh.fileno())
+            os.chmod(tmp, _target_mode(path))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
         raise
+    _fsync_folder(path.parent)
     return path
 
 
 def atomic_write_json(path: str | os.PathLike, data) -> Path:
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def try_atomic_write_text(path: str | os.PathLike, text: str) -> str | None:
+    """:func:`atomic_write_text` that never raises ``OSError``: None when written, else one line saying why not."""
+    try:
+        atomic_write_text(path, text)
+    except OSError as err:
+        return f"{Path(path).name} not written to {Path(path).parent} ({describe_error(err)})"
+    return None
+
+
+def try_atomic_write_json(path: str | os.PathLike, data) -> str | None:
+    """:func:`atomic_write_json` that never raises ``OSError``: None when written, else one line saying why not."""
+    return try_atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _target_mode(path: Path) -> int:
+    """The mode the file would have had if written in place: the existing file's, else 0o666 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask is process-wide: setting it races other threads)
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _json_default(value):

@@ -22,15 +22,17 @@ class Mark:
     """A boundary on the sampler's clock: ``t`` (s) and, once resolved, cumulative J per sensor.
 
     ``stale``: sensors that had failed before ``t``; their energy here is frozen at their last good sample.
+    ``extrapolated_sensors``: sensors extrapolated past their last sample because a wait ran out.
     """
 
-    __slots__ = ("t", "token", "energy", "extrapolated", "stale")
+    __slots__ = ("t", "token", "energy", "extrapolated", "extrapolated_sensors", "stale")
 
     def __init__(self, token: Any, t: float | None) -> None:
         self.token = token
         self.t = t
         self.energy: dict[str, float | None] | None = None
         self.extrapolated = False
+        self.extrapolated_sensors: tuple[str, ...] = ()  # sensors whose samples did not reach ``t`` in time
         self.stale: tuple[str, ...] = ()
 
     @property
@@ -78,7 +80,7 @@ def measure(start: Mark, end: Mark) -> Measurement:
             missing.append(name)
             continue
         energy[name] = e_end - e_start
-        if name in end.stale:
+        if name in end.stale or name in end.extrapolated_sensors or name in start.extrapolated_sensors:
             missing.append(name)
     return Measurement(start.t, end.t, energy, tuple(missing), start.extrapolated or end.extrapolated)
 
@@ -127,26 +129,52 @@ class Meter:
         self._pending_windows.append((start, end, tag, info, keep))
 
     def wait(self, mark: Mark, timeout_s: float | None = None) -> Mark:
-        """Block until ``mark`` is resolved (per-epoch use only); past the timeout, extrapolate it.
+        """Block until ``mark`` is resolved, at most ``timeout_s`` (default: the sampler's resolution bound).
 
-        When the sampling thread has not sampled by the timeout (a starved thread on a loaded machine), the
-        sensors are read once here before anything is extrapolated, so the trace still gets a sample after
-        the mark. Also guarantees that every window queued before ``mark`` is resolved.
+        Never reads a sensor and never waits on a lock held during a read: the sampling thread resolves
+        marks as it samples and wakes this wait. Past the bound, sensors whose samples do not reach the
+        mark yet are extrapolated from their last power and the mark says so (``extrapolated``,
+        ``extrapolated_sensors``). An asynchronous (device) mark is never given host time: past the bound
+        the wait blocks on the device until the boundary has executed. Also guarantees that every window
+        queued before ``mark`` is resolved.
+        """
+        if mark.resolved:
+            return mark
+        if timeout_s is None:
+            timeout_s = self.sampler.resolution_timeout_s()
+        deadline = time.perf_counter() + timeout_s
+        self.sampler.request_sample()  # one prompt tick (sensors are still read only when due)
+        with self._resolved:
+            while not mark.resolved:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._resolved.wait(timeout=remaining)
+        if not mark.resolved:
+            if mark.t is None:
+                mark.t = self.clock.wait(mark.token)  # blocks on the device: never host time for a device mark
+            self.sampler.force_resolve(self, mark)
+        return mark
+
+    def wait_until_covered(self, t: float, timeout_s: float | None = None) -> bool:
+        """Block (bounded) until every live sensor of this meter has samples at or after ``t`` (s).
+
+        False when the bound ran out (figures at ``t`` are then extrapolated by the caller). Never reads a
+        sensor.
         """
         if timeout_s is None:
             timeout_s = self.sampler.resolution_timeout_s()
         deadline = time.perf_counter() + timeout_s
-        while not mark.resolved:
-            if self.sampler.running:
-                self.sampler.request_sample()
-                with self._resolved:
-                    self._resolved.wait(timeout=min(self.sampler.interval_s, 0.01))
-                if mark.resolved or time.perf_counter() < deadline:
-                    continue
-            self.sampler.sample_once()
-            if not mark.resolved and time.perf_counter() >= deadline:
-                self.sampler.force_resolve(self, mark)
-        return mark
+        self.sampler.request_sample()
+        # coverage is checked outside the condition's lock (it takes the sampler's data lock, which the
+        # sampling thread holds while it notifies): a notification missed in between costs one interval
+        while self.sampler.covered_until(self.sensor_names) < t:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                return False
+            with self._resolved:
+                self._resolved.wait(timeout=min(remaining, self.sampler.interval_s))
+        return True
 
     # --- sampling thread ----------------------------------------------------------------------
     def oldest_pending_time(self) -> float | None:
@@ -166,9 +194,7 @@ class Meter:
             if mark.t is None:
                 mark.t = self.clock.resolve(mark.token)
                 if mark.t is None:
-                    if not forcing:
-                        break
-                    mark.t = time.perf_counter()
+                    break  # the device has not reached it: never substitute host time
             energy, stale = {}, []
             for name in self.sensor_names:
                 s = series.get(name)
@@ -182,6 +208,7 @@ class Meter:
                 elif forcing:
                     energy[name] = s.extrapolate(mark.t)
                     mark.extrapolated = True
+                    mark.extrapolated_sensors += (name,)
                 else:
                     break
             else:

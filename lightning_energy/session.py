@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lightning_energy.clocks import CudaEventClock
+from lightning_energy.clocks import device_clock
 from lightning_energy.meter import Meter
 from lightning_energy.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
 from lightning_energy.sensors.base import Sensor
@@ -71,21 +71,25 @@ def open_meter_session(
     names = sampler.acquire(owner, chosen, interval_s)
     root = trainer.strategy.root_device
     if clock is None and root.type == "cuda" and cuda_events:
-        clock = CudaEventClock(root)
+        clock = device_clock_for(root)
     meter = Meter(sampler, names, clock)
     sampler.add_meter(meter)
     return MeterSession(owner, sampler, meter, chosen, notes, zeus)
 
 
 def _energy_callback_sensors(trainer, owner) -> list[Sensor] | None:
-    """The sensors of an EnergyCallback in the same Trainer, whether it is set up before or after us."""
-    from lightning_energy.callbacks.energy import EnergyCallback
-
+    """The sensors of an EnergyCallback (any callback that ``provides_default_sensors``) in the same
+    Trainer, whether it is set up before or after us."""
     for callback in trainer.callbacks:
-        if callback is owner or not isinstance(callback, EnergyCallback):
+        if callback is owner or not getattr(callback, "provides_default_sensors", False):
             continue
         if callback.sensors_in_use:
             return list(callback.sensors_in_use)
         if callback.user_sensors is not None:
             return rank_sensors(trainer, callback.user_sensors)[0]
     return None
+
+
+def device_clock_for(root_device):
+    """The process's one event clock of a CUDA device (see ``lightning_energy.clocks.device_clock``)."""
+    return device_clock(root_device)

@@ -5,7 +5,8 @@ started, ``unix_time_s``, and per sensor ``<name>:energy_J`` (cumulative, blank 
 updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``) and ``energy_events.csv``
 (``time_s, unix_time_s, event, epoch, step``). Both are written under a ``.partial`` name and renamed
 when the trace closes. Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off the training
-thread.
+thread. A fault under the trace (a full disk, a read-only log dir) never reaches training: it is one line
+in ``TraceWriter.problems`` and the report's trace entry should then say the trace is missing.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import csv
 import math
 import os
+import threading
 import time
 from collections import deque
 from pathlib import Path
 
+from lightning_energy.io import fsync
+from lightning_energy.output_worker import ProblemLog, describe_error
 from lightning_energy.sampler import Reading
 
 FLUSH_EVERY_ROWS = 256
@@ -27,26 +31,44 @@ EVENTS = ("fit_start", "train_start", "epoch_start", "epoch_end", "validation_st
 
 
 class TraceWriter:
-    """A sampler listener writing every sample, plus the events callbacks record."""
+    """A sampler listener writing every sample, plus the events callbacks record.
 
-    def __init__(self, folder: str | os.PathLike, sensor_names: list[str], suffix: str = "") -> None:
+    Never raises: a trace that cannot be created or written (a full disk, a read-only log dir) becomes
+    one line in :attr:`problems` (and one warning); the writer then stops, removes what it had written
+    under the ``.partial`` name (a truncated trace is worse than none) and :attr:`complete` stays False.
+    """
+
+    def __init__(self, folder: str | os.PathLike, sensor_names: list[str], suffix: str = "", warn: bool = True) -> None:
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         self.trace_path = folder / TRACE_FILE.replace(".csv", f"{suffix}.csv")
         self.events_path = folder / EVENTS_FILE.replace(".csv", f"{suffix}.csv")
         self.sensor_names = list(sensor_names)
         self.origin_perf = time.perf_counter()
         self.origin_unix = time.time()
-        self._trace_file = open(self._partial(self.trace_path), "w", newline="")
-        self._events_file = open(self._partial(self.events_path), "w", newline="")
-        self._trace = csv.writer(self._trace_file)
-        self._events = csv.writer(self._events_file)
-        self._events.writerow(["time_s", "unix_time_s", "event", "epoch", "step"])
+        self.log = ProblemLog(warn)
+        self.complete = False  # both files written in full under their final names
+        self.failed = False
+        self._trace_file = self._events_file = None
         self._columns: list[tuple[str, str]] | None = None
         self._pending_events: deque = deque()
         self._rows_since_flush = 0
+        self._lock = threading.Lock()  # the sampling thread writes, the training thread closes (once)
         self.rows = 0
         self.closed = False
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._trace_file = open(self._partial(self.trace_path), "w", newline="")
+            self._events_file = open(self._partial(self.events_path), "w", newline="")
+            self._trace = csv.writer(self._trace_file)
+            self._events = csv.writer(self._events_file)
+            self._events.writerow(["time_s", "unix_time_s", "event", "epoch", "step"])
+        except OSError as err:
+            self._abandon("could not be created", err)
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per problem with the trace files (empty when they were written in full)."""
+        return self.log.problems
 
     @staticmethod
     def _partial(path: Path) -> Path:
@@ -54,11 +76,21 @@ class TraceWriter:
 
     def event(self, name: str, t: float, epoch: int | None = None, step: int | None = None) -> None:
         """Record an event at sampler time ``t`` (any thread; written by the sampling thread)."""
-        self._pending_events.append((name, t, epoch, step))
+        if not self.failed:
+            self._pending_events.append((name, t, epoch, step))
 
     def __call__(self, t: float, readings: list[Reading]) -> None:
         if self.closed:
             return
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._write_sample(t, readings)
+            except (OSError, ValueError) as err:  # ValueError: a file closed under us
+                self._abandon(f"stopped after {self.rows} rows", err)
+
+    def _write_sample(self, t: float, readings: list[Reading]) -> None:
         by_name = {r.name: r for r in readings if r.name in self.sensor_names}
         if self._columns is None:
             self._columns = self._header(by_name)
@@ -99,18 +131,61 @@ class TraceWriter:
                 "" if epoch is None else epoch, "" if step is None else step,
             ])
 
-    def close(self) -> None:
-        """Write what is left and give the files their final names (call after the sampler let go)."""
-        if self.closed:
-            return
-        if self._columns is None:
-            self._header({})
-            self._columns = []
-        self._write_events()
-        self.closed = True
+    def _abandon(self, what: str, err: BaseException) -> None:
+        """Stop writing: close the files, remove the partial ones (best effort), record one problem line."""
+        self.failed = self.closed = True
+        self._pending_events.clear()
+        left = []
         for handle, path in ((self._trace_file, self.trace_path), (self._events_file, self.events_path)):
-            handle.close()
-            os.replace(self._partial(path), path)
+            if handle is not None:
+                try:
+                    handle.close()
+                except (OSError, ValueError):
+                    pass  # the same fault again while flushing what was buffered
+            partial = self._partial(path)
+            try:
+                partial.unlink(missing_ok=True)
+            except OSError:
+                left.append(partial.name)
+        self._trace_file = self._events_file = None
+        leftover = f"; a partial file remains: {', '.join(left)}" if left else ""
+        self.log.record("trace", f"sample trace {self.trace_path.name} (and {self.events_path.name}) in "
+                                 f"{self.trace_path.parent} {what} ({describe_error(err)}); the run has no trace"
+                                 f"{leftover}")
+
+    def close(self) -> None:
+        """Write what is left and give the files their final names (call after the sampler let go). Never raises."""
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                if self._columns is None:
+                    self._header({})
+                    self._columns = []
+                self._write_events()
+                for handle in (self._trace_file, self._events_file):
+                    handle.flush()
+                    fsync(handle.fileno())
+                    handle.close()
+            except (OSError, ValueError) as err:
+                self._abandon(f"could not be completed after {self.rows} rows", err)
+                return
+            self.closed = True
+            renamed, stuck, error = [], [], None
+            for path in (self.trace_path, self.events_path):
+                try:
+                    os.replace(self._partial(path), path)
+                    renamed.append(path)
+                except OSError as err:  # e.g. the log dir became read-only: the data is whole, under its partial name
+                    stuck.append(self._partial(path).name)
+                    error = error or err
+            if stuck:
+                self.failed = True
+                self.log.record("trace", f"sample trace in {self.trace_path.parent} is complete but could not be "
+                                         f"given its final name ({describe_error(error)}); it remains as "
+                                         f"{', '.join(stuck)}")
+            self.complete = len(renamed) == 2
+            self._trace_file = self._events_file = None
 
 
 def _fmt(value: float) -> str:

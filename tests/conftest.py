@@ -41,6 +41,44 @@ def manual_sampler(clock) -> Sampler:
     return Sampler(clock=clock)
 
 
+class RecordingLogger(L.pytorch.loggers.Logger):
+    """A minimal third-party logger keeping every (step, metrics) it receives (MLflow and others implement
+    the same interface); ``root_dir`` is where the Trainer then writes the report and trace."""
+
+    def __init__(self, root_dir=None) -> None:
+        super().__init__()
+        self.metrics: list[tuple[int, dict]] = []
+        self._root_dir = None if root_dir is None else str(root_dir)
+
+    @property
+    def name(self):
+        return "recording"
+
+    @property
+    def version(self):
+        return 0
+
+    @property
+    def root_dir(self):
+        return self._root_dir
+
+    @property
+    def log_dir(self):
+        return self._root_dir
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def values(self, key: str) -> list:
+        return [m[key] for _, m in self.metrics if key in m]
+
+    def steps(self, key: str) -> list:
+        return [step for step, m in self.metrics if key in m]
+
+
 class TinyRegressor(L.LightningModule):
     """A linear model on random data that logs ``train/loss`` every step and ``val/loss``, ``test/loss``."""
 

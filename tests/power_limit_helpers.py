@@ -10,10 +10,13 @@ attribute setter in the DDP script.
 from __future__ import annotations
 
 import lightning as L
+
+from conftest import RecordingLogger  # noqa: F401  (re-exported for the power-limit tests)
 import torch
 from torch import nn
 
 from lightning_energy import session
+from lightning_energy.integration import session as integration_session
 from lightning_energy.meter import Meter
 from lightning_energy.sampler import Sampler
 
@@ -23,6 +26,9 @@ class ThreadlessSampler(Sampler):
 
     def acquire(self, owner, sensors, interval_s=0.02, start_thread=True):
         return super().acquire(owner, sensors, interval_s, start_thread=False)
+
+    def request_sample(self):
+        self.sample_once()  # no thread to wake: the waiting meter gets its sample at the fake time now
 
 
 class SamplingClock:
@@ -56,6 +62,9 @@ class FakeHostClock:
     def resolve(self, token: float) -> float:
         return token
 
+    def wait(self, token: float) -> float:
+        return token
+
     def reanchor(self) -> None:
         """Nothing to re-anchor on a fake clock."""
 
@@ -64,8 +73,9 @@ def install_fake_time(setattr) -> SamplingClock:
     clock = SamplingClock()
     sampler = ThreadlessSampler(clock=clock)
     clock.sampler = sampler
-    setattr(session, "get_sampler", lambda: sampler)
-    setattr(session, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
+    for module in (session, integration_session):
+        setattr(module, "get_sampler", lambda: sampler)
+        setattr(module, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
     return clock
 
 
@@ -145,26 +155,3 @@ class AccuracyModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-class RecordingLogger(L.pytorch.loggers.Logger):
-    """Keeps every (step, metrics) the Trainer's loggers receive."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.metrics: list[tuple[int, dict]] = []
-
-    @property
-    def name(self):
-        return "recording"
-
-    @property
-    def version(self):
-        return 0
-
-    def log_metrics(self, metrics, step=None):
-        self.metrics.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params, *args, **kwargs):
-        pass
-
-    def values(self, key: str) -> list:
-        return [m[key] for _, m in self.metrics if key in m]

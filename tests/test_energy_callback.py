@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.logger import Logger
 
-from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.report import format_report
 from lightning_energy.trace import read_trace
@@ -22,7 +22,7 @@ DEVICE_W, HOST_W = 120.0, 30.0
 VALIDATION_STEP_S = 0.1
 PUBLIC_METRICS = [
     "energy/step_J", "energy/epoch_J", "energy/total_J", "power/step_W", "power/epoch_W", "time/step_s",
-    "time/epoch_s", "edp/epoch_Js", "energy/epoch_J/device", "energy/epoch_J/host", "energy/val_epoch_J",
+    "time/epoch_s", "edp/epoch_Js", "energy/sensor/device/epoch_J", "energy/sensor/host/epoch_J", "energy/val_epoch_J",
 ]
 
 
@@ -63,16 +63,19 @@ def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
     assert b"energy/step_J" in layout.tensor_proto.string_val[0]
     assert b"energy/epoch_J" in layout.tensor_proto.string_val[0]
     assert b"train/loss" in layout.tensor_proto.string_val[0]
-    totals = [e.value for e in acc.Scalars("energy/total_J")]  # step level and epoch ends, one process
+    # step level and epoch ends, one process; epoch figures arrive a few steps after their end, so
+    # TensorBoard's step axis, not the order of writing, is what must rise
+    totals = [e.value for e in sorted(acc.Scalars("energy/total_J"), key=lambda e: e.step)]
     assert len(totals) == 10 + 2 and totals == sorted(totals)
     assert "energy/rank0_total_J" not in tags  # the rank-local figure is for DDP only
 
 
 def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
     callback = EnergyCallback(sensors=simulated_sensors())
-    trainer = fit(tmp_path, callback)
+    logger = RecordingLogger(tmp_path)
+    trainer = fit(tmp_path, callback, logger)
     report = json.loads((callback.report_path).read_text())
-    assert callback.report_path.parent == __import__("pathlib").Path(trainer.log_dir)
+    assert callback.report_path.parent == tmp_path
     assert report == json.loads(json.dumps(callback.report))
     epochs = report["epochs"]
     assert len(epochs) == 2
@@ -91,9 +94,8 @@ def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
     assert report["train_J"] == pytest.approx(sum(r["train_J"] for r in epochs), rel=1e-12)
     assert report["train_J"] + report["validation_J"] < report["total_J"]
     assert report["estimated"] is False and report["estimated_J"] == 0
-    logged = trainer.logged_metrics
-    assert float(logged["energy/epoch_J"]) == pytest.approx(epochs[-1]["train_J"], rel=1e-5)
-    assert float(logged["edp/epoch_Js"]) == pytest.approx(epochs[-1]["train_J"] * epochs[-1]["train_s"], rel=1e-5)
+    assert logger.values("energy/epoch_J") == pytest.approx([e["train_J"] for e in epochs], rel=1e-12)
+    assert logger.values("edp/epoch_Js") == pytest.approx([e["train_J"] * e["train_s"] for e in epochs], rel=1e-12)
     printed = capsys.readouterr().out
     assert "lightning-energy report" in printed and "device" in printed and "measured" in printed
 
@@ -108,16 +110,18 @@ class SlowValidation(TinyRegressor):
 
 def test_validation_is_measured_apart_from_training(tmp_path):
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=1, num_sanity_val_steps=0))
+    logger = RecordingLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[callback], logger=logger,
+                        **trainer_kwargs(tmp_path, max_epochs=1, num_sanity_val_steps=0))
     trainer.fit(SlowValidation(), tiny_loader(), tiny_loader(n=48))
     row = callback.report["epochs"][0]
-    val_J = float(trainer.logged_metrics["energy/val_epoch_J"])
-    val_s = float(trainer.logged_metrics["time/val_epoch_s"])
+    (val_J,) = logger.values("energy/val_epoch_J")
+    (val_s,) = logger.values("time/val_epoch_s")
     assert val_s >= 3 * VALIDATION_STEP_S  # three validation batches
     assert val_J == pytest.approx((DEVICE_W + HOST_W) * val_s, rel=1e-5)
     assert row["validation_J"] == pytest.approx(val_J, rel=1e-5)
     # the training epoch excludes validation: training + validation time = the epoch's wall window
-    with open(f"{trainer.log_dir}/energy_events.csv", newline="") as fh:
+    with open(tmp_path / "energy_events.csv", newline="") as fh:
         events = {r["event"]: float(r["time_s"]) for r in csv.DictReader(fh)}
     assert row["train_s"] + val_s == pytest.approx(events["epoch_end"] - events["epoch_start"], abs=1e-5)
     assert row["train_s"] < val_s
@@ -141,7 +145,7 @@ def test_trace_files_hold_samples_and_events(tmp_path):
     assert len(columns["time_s"]) >= 3
     assert all(p == pytest.approx(DEVICE_W) for p in columns["device:power_W"][1:])
     assert columns["time_s"] == sorted(columns["time_s"])
-    with open(f"{trainer.log_dir}/energy_events.csv", newline="") as fh:
+    with open(callback.trace_path.parent / "energy_events.csv", newline="") as fh:
         events = [r["event"] for r in csv.DictReader(fh)]
     for name in ("fit_start", "train_start", "epoch_start", "epoch_end", "validation_start", "train_end", "fit_end"):
         assert name in events, name
@@ -163,26 +167,6 @@ def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_pat
     assert report["estimated_J"] == pytest.approx(report["total_J"]) and report["total_J"] > 0
 
 
-class RecordingLogger(Logger):
-    """A minimal third-party logger (MLflow and others implement the same interface)."""
-
-    name = "recording"
-    version = 0
-
-    def __init__(self):
-        super().__init__()
-        self.metrics: list[tuple[int, dict]] = []
-
-    def log_metrics(self, metrics, step=None):
-        self.metrics.append((step, dict(metrics)))
-
-    def log_hyperparams(self, params, *args, **kwargs):
-        pass
-
-    def values(self, name: str) -> list[float]:
-        return [float(m[name]) for _, m in self.metrics if name in m]
-
-
 class SlowSteps(TinyRegressor):
     """Training steps of at least 20 ms, so that a run lasts a known minimum time."""
 
@@ -198,7 +182,7 @@ def test_a_failing_sensor_keeps_its_energy_until_the_failure_and_training_goes_o
     device = SimulatedSensor("device", DEVICE_W, fail_after_s=FAIL_AFTER_S)
     callback = EnergyCallback(sensors=[device, SimulatedSensor("host", HOST_W, scope="host")], verbose=False,
                               interval_s=0.01)
-    logger = RecordingLogger()
+    logger = RecordingLogger(tmp_path)
     trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, max_epochs=3))
     with pytest.warns(UserWarning, match="rank 0: sensor 'device' failed") as record:
         trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48))
@@ -211,11 +195,11 @@ def test_a_failing_sensor_keeps_its_energy_until_the_failure_and_training_goes_o
     assert by_name["host"]["energy_J"] == pytest.approx(HOST_W * report["duration_s"], rel=1e-9)
     # the device's energy up to its last good sample is kept: the exact integral of its trace up to then
     missing_from_s = by_name["device"]["missing_from_s"]
-    last_good = callback._fit_start.t + missing_from_s - device._origin  # s after the sensor was opened
+    last_good = callback.fit_start_s + missing_from_s - device._origin  # s after the sensor was opened
     assert FAIL_AFTER_S - 0.2 < last_good <= FAIL_AFTER_S
     assert by_name["device"]["energy_J"] == pytest.approx(DEVICE_W * missing_from_s, rel=1e-9)
     assert by_name["device"]["energy_J"] == pytest.approx(
-        device.energy_at(last_good) - device.energy_at(callback._fit_start.t - device._origin), rel=1e-9)
+        device.energy_at(last_good) - device.energy_at(callback.fit_start_s - device._origin), rel=1e-9)
     assert report["total_J"] == pytest.approx(by_name["host"]["energy_J"] + by_name["device"]["energy_J"], rel=1e-12)
     # the epochs after the failure are flagged and get no device energy
     last = report["epochs"][-1]
@@ -224,7 +208,7 @@ def test_a_failing_sensor_keeps_its_energy_until_the_failure_and_training_goes_o
     # the running total never goes down, step level and epoch level alike
     totals = logger.values("energy/total_J")
     assert len(totals) == 15 + 3 and totals == sorted(totals)
-    assert totals[-1] == pytest.approx(last["total_J"], rel=1e-6)  # logged by pl_module.log as float32
+    assert totals[-1] == pytest.approx(last["total_J"], rel=1e-12)
 
 
 def test_a_failure_on_a_rank_other_than_zero_is_warned_there(tmp_path, monkeypatch):
@@ -247,7 +231,7 @@ def test_a_failure_on_a_rank_other_than_zero_is_warned_there(tmp_path, monkeypat
 def test_resume_continues_the_cumulative_energy(tmp_path):
     ckpt_dir = tmp_path / "ckpt"
     first = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    trainer = L.Trainer(callbacks=[first, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+    trainer = L.Trainer(callbacks=[first, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)], logger=RecordingLogger(tmp_path),
                         **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
     trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
     state = energy_state(ckpt_dir / "last.ckpt")
@@ -256,7 +240,8 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     assert first.report["epochs"][-1]["total_J"] <= state["total_J"] <= first.report["total_J"]
 
     second = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
+    logger = RecordingLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)], logger=logger,
                         **trainer_kwargs(tmp_path, max_epochs=4, enable_checkpointing=True))
     trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt_dir / "last.ckpt")
     report = second.report
@@ -265,7 +250,7 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     session_J = sum(s["energy_J"] for s in report["sensors"])
     assert report["total_J"] == pytest.approx(state["total_J"] + session_J, rel=1e-12)
     assert report["epochs"][2]["total_J"] > state["total_J"]
-    assert float(trainer.logged_metrics["energy/total_J"]) == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-5)
+    assert logger.values("energy/total_J")[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-12)
 
 
 def energy_state(path) -> dict:
@@ -292,7 +277,7 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     assert state["train_J"] + state["validation_J"] < state["total_J"]
 
     second = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    logger = RecordingLogger()
+    logger = RecordingLogger(tmp_path)
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=15, save_top_k=-1, filename="{step}")
     trainer = L.Trainer(callbacks=[second, checkpoint], logger=logger,
                         **trainer_kwargs(tmp_path, max_epochs=3, enable_checkpointing=True))
@@ -306,7 +291,7 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     totals = logger.values("energy/total_J")
     assert totals == sorted(totals) and totals[0] > state["total_J"]
     # the total continues from the saved value: saved + constant power x time since the new fit started
-    since_resume_s = second._last_epoch_end.t - second._fit_start.t
+    since_resume_s = second.last_epoch_end_s - second.fit_start_s
     assert report["epochs"][-1]["total_J"] == pytest.approx(state["total_J"] + power_W * since_resume_s, rel=1e-9)
     assert totals[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-6)
 
@@ -337,7 +322,7 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
                         lambda cuda_index, read_host: (simulated_sensors(), ZeusBackend(None, False, monitor=monitor)))
 
     callback = EnergyCallback(backend="zeus", verbose=False)
-    logger = RecordingLogger()
+    logger = RecordingLogger(tmp_path)
     trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, num_sanity_val_steps=0))
     trainer.fit(SlowValidation(), tiny_loader(), tiny_loader(n=48))
     assert len(monitor.windows) == 4  # per epoch: the training steps, then the bit after validation
@@ -353,13 +338,15 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
 @pytest.mark.parametrize("loop", ["test", "validate"])
 def test_test_and_validate_loops_are_measured(tmp_path, loop):
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path))
-    getattr(trainer, loop)(TinyRegressor(), tiny_loader(n=48))
+    logger = RecordingLogger(tmp_path)
+    trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path))
+    (results,) = getattr(trainer, loop)(TinyRegressor(), tiny_loader(n=48))
     prefix = "test" if loop == "test" else "val"
-    seconds = float(trainer.logged_metrics[f"time/{prefix}_epoch_s"])
+    (seconds,) = logger.values(f"time/{prefix}_epoch_s")
     assert seconds > 0
-    assert float(trainer.logged_metrics[f"energy/{prefix}_epoch_J"]) == pytest.approx((DEVICE_W + HOST_W) * seconds,
-                                                                                    rel=1e-5)
+    assert logger.values(f"energy/{prefix}_epoch_J") == pytest.approx([(DEVICE_W + HOST_W) * seconds], rel=1e-9)
+    # figures go to the loggers, not into Lightning's result table (nor the dicts it returns)
+    assert not [k for k in results if k.startswith(("energy/", "time/", "power/"))]
     assert callback.report is None  # the end-of-fit report belongs to fits
 
 
@@ -405,7 +392,7 @@ def test_arguments_are_validated_at_construction(kwargs, error, match):
 
 
 def test_any_lightning_logger_receives_the_metrics(tmp_path):
-    logger = RecordingLogger()
+    logger = RecordingLogger(tmp_path)
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
     trainer = fit(tmp_path, callback, logger)
     keys = {k for _, metrics in logger.metrics for k in metrics}

@@ -155,18 +155,29 @@ def test_unresolved_mark_is_extrapolated_when_forced(manual_sampler, clock):
     assert mark.energy["s"] == pytest.approx(100.0 * 0.15, rel=1e-9)
 
 
-def test_a_wait_on_a_starved_sampling_thread_reads_the_sensors_itself():
+def test_a_wait_on_a_starved_sampling_thread_never_reads_a_sensor_itself():
+    """A wait is bounded and never reads a sensor on the calling thread (the training thread): past the
+    bound the mark is extrapolated from the samples at hand and says so."""
+    import threading
+
+    readers = []
+
+    class Recording(SimulatedSensor):
+        def power_w(self):
+            readers.append(threading.get_ident())
+            return super().power_w()
+
     sampler = Sampler()
-    sampler._run = lambda: sampler._stop.wait()  # a thread that never gets to sample (a loaded machine)
-    names = sampler.acquire("starved", [SimulatedSensor("s", 100.0)], interval_s=0.001)
+    sampler._run = lambda generation: sampler._stop.wait()  # a thread that never gets to sample (a loaded machine)
+    names = sampler.acquire("starved", [Recording("s", 100.0)], interval_s=0.001)
     try:
         assert sampler.running
         meter = Meter(sampler, names)
         sampler.add_meter(meter)
         mark = meter.mark()
         assert meter.wait(mark, timeout_s=0.02) is mark and mark.resolved
-        assert not mark.extrapolated  # resolved by a real reading taken after the mark
-        assert sampler.series["s"].times[-1] >= mark.t
+        assert mark.extrapolated and mark.extrapolated_sensors == ("s",)
+        assert threading.get_ident() not in readers
     finally:
         sampler.release("starved")
     assert not sampler.running
@@ -268,6 +279,10 @@ class FakeAsyncClock:
 
     def resolve(self, token):
         return token if self.gpu_time is not None and self.gpu_time >= token else None
+
+    def wait(self, token):
+        self.gpu_time = max(self.gpu_time or token, token)  # blocking on the event: the GPU gets there
+        return token
 
     def reanchor(self):
         pass

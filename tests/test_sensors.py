@@ -176,8 +176,11 @@ def test_cpu_estimate_is_read_at_most_every_100_ms(manual_sampler, clock):
     assert len(reads) == 1 + 20 * 0.02 / 0.1  # the first read at acquire, then one per 100 ms
     clock.advance(0.02)
     mark = meter.mark()
-    meter.wait(mark)  # a waited-for mark reads every sensor at once
-    assert mark.resolved and len(reads) == 6
+    meter.wait(mark, timeout_s=0.01)  # a wait never forces a read: the estimate keeps its 100 ms
+    assert mark.resolved and mark.extrapolated and len(reads) == 5
+    clock.advance(0.08)
+    manual_sampler.sample_once()
+    assert len(reads) == 6 and reads[-1] - reads[-2] == pytest.approx(0.1)
 
 
 def test_cpu_tdp_lookup_uses_codecarbons_table():

@@ -70,14 +70,37 @@ def rank_gpu(trainer: Trainer):
             f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
             "or pass gpu=lightning_energy.gpu_sim.SimulatedGPU(...) to run against the simulator."
         )
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            from zeus.device import get_gpus
+    return zeus_gpu(root.index)
 
-            gpus = get_gpus()
-        return gpus.gpus[root.index]
+
+def zeus_gpu(cuda_index: int):
+    """Zeus's ``GPU`` object for CUDA device ``cuda_index``, found through the same CUDA -> NVML (UUID)
+    mapping the energy sensor uses (Zeus's own ``get_gpus`` parses ``CUDA_VISIBLE_DEVICES`` as integers and
+    ignores ``CUDA_DEVICE_ORDER``, so it can fail on UUID lists or control another card than the one measured).
+    ``gpu_index`` of the result is the NVML index (the one ``nvidia-smi -i`` takes)."""
+    from lightning_energy.sensors.detect import GPU_UNREADABLE, nvml_index_of_cuda_device
+
+    try:
+        nvml_index = nvml_index_of_cuda_device(cuda_index)
+    except GPU_UNREADABLE as err:
+        raise RuntimeError(f"PowerLimitOptimizer: cannot tell which GPU CUDA device {cuda_index} is "
+                           f"({type(err).__name__}: {err})") from err
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
+            import pynvml
+            from zeus.device.gpu.nvidia import NVIDIAGPU, ZeusdNVIDIAGPU
+            from zeus.utils.zeusd import ZeusdClient, ZeusdConfig
+
+            pynvml.nvmlInit()  # held for the GPU object's life, as zeus.device.get_gpus() does
+            config = ZeusdConfig.from_env()
+            if config is None:
+                return NVIDIAGPU(nvml_index)
+            gpu = ZeusdNVIDIAGPU(nvml_index, ZeusdClient(config))
+            gpu._disable_sys_admin_warning = True  # as get_gpus() does
+            return gpu
     except Exception as err:
-        raise RuntimeError(f"PowerLimitOptimizer: Zeus cannot open GPU {root.index} ({type(err).__name__}: {err})") from err
+        raise RuntimeError(f"PowerLimitOptimizer: Zeus cannot open NVML GPU {nvml_index} (CUDA device "
+                           f"{cuda_index}) ({type(err).__name__}: {err})") from err
 
 
 def default_limit_mW(gpu) -> int | None:
@@ -145,7 +168,7 @@ class PowerLimitOptimizer(Callback):
         dry_run: never touch the card; profile the current limit only and report the limits that would be
             profiled and the expected profiling steps, time and energy.
         gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.gpu_sim.SimulatedGPU``;
-            default: this rank's CUDA device through Zeus's ``get_gpus()``.
+            default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
         tolerance: for ``search="adaptive"``: profile a limit only where the fit predicts it to beat the
@@ -339,7 +362,7 @@ class PowerLimitOptimizer(Callback):
         except Exception as err:  # the run is ending: tell, do not mask the original error
             rank_zero_warn(f"PowerLimitOptimizer could not restore the default power limit of "
                            f"{self._default_W} W ({type(err).__name__}: {err}); set it by hand: "
-                           f"nvidia-smi -pl {self._default_W}")
+                           f"nvidia-smi -i {getattr(self._gpu, 'gpu_index', '<index>')} -pl {self._default_W}")
 
     # ---------------------------------------------------------------- training
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

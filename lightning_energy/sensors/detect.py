@@ -7,23 +7,55 @@ from pathlib import Path
 
 from lightning_energy.sensors.base import Sensor
 from lightning_energy.sensors.estimate import CpuEstimateSensor
-from lightning_energy.sensors.nvml import NvmlGpuSensor, load_pynvml, nvml_index_for_cuda_device
+from lightning_energy.sensors.nvml import (
+    CudaDeviceMappingError,
+    MigDeviceError,
+    NvmlError,
+    NvmlGpuSensor,
+    nvml_errors,
+    nvml_index_for_cuda_device,
+)
 from lightning_energy.sensors import rapl
 from lightning_energy.sensors.rapl import RaplSensor, find_rapl_zones, unreadable_rapl_message
 
 BACKENDS = ("auto", "zeus")
+# Why a GPU cannot be measured: no pynvml, NVML failing, a device we cannot name for certain, a MIG instance.
+GPU_UNREADABLE = (ImportError, NvmlError, CudaDeviceMappingError, MigDeviceError)
+
+
+def nvml_index_of_cuda_device(cuda_index: int, pynvml_module=None) -> int:
+    """The NVML index (``nvidia-smi -i``) of this process's CUDA device ``cuda_index``.
+
+    The one CUDA -> NVML mapping, for measurement (:class:`NvmlGpuSensor`) and power-limit control alike
+    (see :func:`lightning_energy.sensors.nvml.nvml_index_for_cuda_device` for the rules: the UUID torch
+    reports, else ``CUDA_VISIBLE_DEVICES`` with indices or ``GPU-`` UUIDs and ``CUDA_DEVICE_ORDER``).
+    Initialises NVML for the call and shuts it down after; NVML counts ``nvmlInit``/``nvmlShutdown``
+    pairs, so handles opened elsewhere stay valid. Raises one of :data:`GPU_UNREADABLE`.
+    """
+    if pynvml_module is None:
+        import pynvml as pynvml_module
+    nvml = pynvml_module
+    with nvml_errors(nvml, "nvmlInit"):
+        nvml.nvmlInit()
+    try:
+        return nvml_index_for_cuda_device(nvml, cuda_index)
+    finally:
+        with nvml_errors(nvml, "nvmlShutdown"):
+            nvml.nvmlShutdown()
 
 
 def default_sensors(
     cuda_index: int | None,
     read_host: bool,
     powercap_root: Path | None = None,
+    pynvml_module=None,
 ) -> tuple[list[Sensor], list[str]]:
     """Sensors for this rank and the warnings to show once (rank zero).
 
     ``cuda_index``: this rank's CUDA device (after CUDA_VISIBLE_DEVICES), or None on CPU.
     ``read_host``: read host sensors (local rank 0 only).
     ``powercap_root``: where RAPL zones are looked for (default ``rapl.POWERCAP_ROOT``, read at call time).
+    ``pynvml_module``: the NVML binding (default ``import pynvml``; tests pass a fake).
     """
     if powercap_root is None:
         powercap_root = rapl.POWERCAP_ROOT
@@ -31,9 +63,9 @@ def default_sensors(
     notes: list[str] = []
     if cuda_index is not None:
         try:
-            pynvml = load_pynvml()
-            sensors.append(NvmlGpuSensor(nvml_index_for_cuda_device(pynvml, cuda_index), pynvml_module=pynvml))
-        except Exception as err:
+            nvml_index = nvml_index_of_cuda_device(cuda_index, pynvml_module)
+            sensors.append(NvmlGpuSensor(nvml_index, pynvml_module=pynvml_module))
+        except GPU_UNREADABLE as err:
             notes.append(f"GPU energy cannot be read through NVML ({type(err).__name__}: {err}); GPU energy is not counted.")
     if read_host:
         zones, unreadable = find_rapl_zones(powercap_root)

@@ -1,0 +1,165 @@
+"""The base class of the suite's callbacks: the session's life cycle, the timeline's boundaries, logging.
+
+A subclass writes its hooks as usual. Every boundary hook (``on_fit_start``, ``on_train_epoch_start``,
+``on_train_batch_start``/``_end``, ``on_train_epoch_end``, the validation/test/predict epoch hooks,
+``on_fit_end``) first reports the boundary to the Trainer's timeline, whether the subclass overrides the
+hook or not: :meth:`MeteredCallback.__init_subclass__` wraps overrides. Whichever suite callback comes
+first in ``Trainer(callbacks=[...])`` places the mark; callback order no longer changes a figure.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable
+
+from lightning.pytorch import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_energy.integration import session as sessions
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.sensors.base import Sensor, validate_sensors
+from lightning_energy.sensors.detect import BACKENDS
+
+
+def _report(boundary: Callable) -> Callable:
+    """Make a hook report ``boundary(timeline, trainer, *args)`` before its own work."""
+
+    def wrap(hook: Callable) -> Callable:
+        @functools.wraps(hook)
+        def reporting_hook(self, trainer, pl_module, *args, **kwargs):
+            timeline = self.timeline
+            if timeline is not None:
+                boundary(timeline, trainer, *args)
+            return hook(self, trainer, pl_module, *args, **kwargs)
+
+        reporting_hook._reports_boundary = True
+        return reporting_hook
+
+    return wrap
+
+
+def _nothing(self, trainer, pl_module, *args, **kwargs) -> None:
+    return None
+
+
+BOUNDARIES: dict[str, Callable] = {
+    "on_fit_start": lambda tl, trainer: tl.fit_started(trainer),
+    "on_train_start": lambda tl, trainer: tl.train_started(trainer),
+    "on_train_epoch_start": lambda tl, trainer: tl.train_epoch_started(trainer),
+    "on_train_batch_start": lambda tl, trainer, batch, batch_idx, *_: tl.batch_started(trainer, batch_idx),
+    "on_train_batch_end": lambda tl, trainer, outputs, batch, batch_idx, *_: tl.batch_ended(trainer, batch_idx),
+    "on_train_epoch_end": lambda tl, trainer: tl.train_epoch_ended(trainer),
+    "on_validation_epoch_start": lambda tl, trainer: tl.loop_started(trainer, "val"),
+    "on_validation_epoch_end": lambda tl, trainer: tl.loop_ended(trainer, "val"),
+    "on_test_epoch_start": lambda tl, trainer: tl.loop_started(trainer, "test"),
+    "on_test_epoch_end": lambda tl, trainer: tl.loop_ended(trainer, "test"),
+    "on_predict_epoch_start": lambda tl, trainer: tl.loop_started(trainer, "predict"),
+    "on_predict_epoch_end": lambda tl, trainer: tl.loop_ended(trainer, "predict"),
+    "on_fit_end": lambda tl, trainer: tl.fit_ended(trainer),
+}
+
+
+class MeteredCallback(Callback):
+    """Base of the suite's callbacks: attach/detach, boundaries, argument checks, logging.
+
+    Subclasses call :meth:`attach` in ``setup`` (it subscribes them to the timeline's figures when they
+    define ``on_step_measured``/``on_loop_measured``/``on_epoch_measured``) and get :meth:`detach` on
+    ``teardown`` and ``on_exception`` (call ``super()`` when overriding them).
+    """
+
+    provides_default_sensors = False  # True: callbacks with sensors=None read this one's sensors
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for hook_name, boundary in BOUNDARIES.items():
+            hook = cls.__dict__.get(hook_name)
+            if hook is not None and not getattr(hook, "_reports_boundary", False):
+                setattr(cls, hook_name, _report(boundary)(hook))
+
+    @property
+    def timeline(self):
+        attachment = self.__dict__.get("_attachment")
+        return attachment.timeline if attachment is not None else None
+
+    @property
+    def attachment(self):
+        return self.__dict__.get("_attachment")
+
+    # ------------------------------------------------------------------ life cycle
+    def attach(self, trainer, sensors: list[Sensor] | None = None, backend: str = "auto",
+               interval_s: float = DEFAULT_INTERVAL_S, cuda_events: bool = True):
+        """Join the Trainer's measurement session (idempotent); warns once about what cannot be measured."""
+        if self.attachment is not None:
+            return self.attachment
+        attachment = self._attachment = sessions.attach(trainer, self, sensors, backend, interval_s, cuda_events)
+        for note in attachment.notes:
+            rank_zero_warn(note)
+        if any(hasattr(self, name) for name in ("on_step_measured", "on_loop_measured", "on_epoch_measured")):
+            attachment.timeline.subscribe(self)
+        return attachment
+
+    def detach(self, trainer=None) -> None:
+        attachment = self.__dict__.pop("_attachment", None)
+        if attachment is None:
+            return
+        attachment.timeline.unsubscribe(self)
+        sessions.detach(attachment)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.detach(trainer)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.detach(trainer)
+
+    # ------------------------------------------------------------------ listeners (overridable)
+    def on_step_measured(self, trainer, figures) -> None:
+        """A step's figures, on the training thread (this rank's sensors)."""
+
+    def on_loop_measured(self, trainer, figures) -> None:
+        """A validation / test / predict loop's all-rank figures."""
+
+    def on_epoch_measured(self, trainer, figures) -> None:
+        """A training epoch's all-rank figures."""
+
+    # ------------------------------------------------------------------ logging
+    @staticmethod
+    def log_metrics(trainer, metrics: dict[str, float], step: int) -> None:
+        """Log through every Lightning logger, from rank zero (figures are already all-rank where named so).
+
+        Not ``pl_module.log``: the figures are not per-batch values to reduce, they would print in
+        ``validate()``/``test()`` result tables, and they are delivered after their boundary.
+        """
+        if trainer.is_global_zero and metrics:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+    # ------------------------------------------------------------------ argument checks
+    @staticmethod
+    def check_sensors(sensors, backend: str = "auto") -> list[Sensor] | None:
+        if backend not in BACKENDS:
+            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+        if sensors is not None and backend != "auto":
+            raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
+        return None if sensors is None else validate_sensors(sensors)
+
+    @staticmethod
+    def check_interval(interval_s) -> float:
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        return float(interval_s)
+
+    @staticmethod
+    def check_flags(**flags: Any) -> None:
+        for name, value in flags.items():
+            if not isinstance(value, bool):
+                raise TypeError(f"`{name}` must be a bool, got {type(value).__name__}")
+
+    @staticmethod
+    def warn(message: str) -> None:
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+# the base's own boundary hooks: every suite callback reports every boundary
+for _name, _boundary in BOUNDARIES.items():
+    setattr(MeteredCallback, _name, _report(_boundary)(_nothing))

@@ -1,0 +1,136 @@
+"""One measurement session per Trainer: this rank's sensors, the shared sampler, one Meter, one Timeline.
+
+Every callback of the suite attaches to the session of its Trainer in ``setup`` and detaches in
+``teardown``. The first to attach opens it; the sensors of all attached callbacks are read by the one
+sampling thread of the process, and all marks go through the one :class:`~lightning_energy.meter.Meter`
+whose boundaries the Trainer's :class:`~lightning_energy.integration.timeline.Timeline` places. When the
+last callback detaches the session closes, so a second ``fit`` on the same Trainer gets a fresh one.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from lightning_energy.meter import Meter
+from lightning_energy.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
+from lightning_energy.sensors.base import Sensor
+from lightning_energy.session import device_clock_for, rank_sensors
+
+
+@dataclass(eq=False)
+class Attachment:
+    """What one callback holds while attached: the shared session and the sensors it asked for."""
+
+    session: "TrainerSession"
+    owner: object
+    sensors: list[Sensor]
+    notes: list[str] = field(default_factory=list)  # one-time warnings about what could not be measured
+    zeus: object = None  # the ZeusBackend when backend="zeus"
+
+    @property
+    def sensor_names(self) -> list[str]:
+        return [s.name for s in self.sensors]
+
+    @property
+    def timeline(self):
+        return self.session.timeline
+
+    @property
+    def meter(self) -> Meter:
+        return self.session.meter
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.session.sampler
+
+
+class TrainerSession:
+    """The sampler, Meter and Timeline of one Trainer, shared by the callbacks attached to it."""
+
+    def __init__(self, trainer, sampler: Sampler, clock) -> None:
+        from lightning_energy.integration.timeline import Timeline
+
+        self.sampler = sampler
+        self.meter = Meter(sampler, [], clock)
+        sampler.add_meter(self.meter)
+        self.attachments: dict[int, Attachment] = {}
+        self.auto_sensors: list[Sensor] | None = None  # auto-detected once, shared by every "auto" callback
+        self.timeline = Timeline(trainer, self.meter, sampler)
+        self.samples_at_open = sampler.samples_taken
+
+    def add(self, attachment: Attachment, interval_s: float) -> None:
+        names = self.sampler.acquire(attachment, attachment.sensors, interval_s)
+        dropped = [s for s in attachment.sensors if s.name not in names]
+        attachment.sensors = [s for s in attachment.sensors if s.name in names]
+        for sensor in dropped:
+            attachment.notes.append(next((line for line in self.sampler.open_failures if repr(sensor.name) in line),
+                                         f"sensor {sensor.name!r} could not be opened and is not measured"))
+        for name in names:
+            if name not in self.meter.sensor_names:
+                self.meter.sensor_names.append(name)
+        self.attachments[id(attachment.owner)] = attachment
+
+    def remove(self, owner: object) -> bool:
+        """Detach ``owner``; True when it was the last one (the session is then closed)."""
+        attachment = self.attachments.pop(id(owner), None)
+        if attachment is not None:
+            self.sampler.release(attachment)
+        if self.attachments:
+            return False
+        self.timeline.close()
+        self.sampler.remove_meter(self.meter)
+        return True
+
+
+_SESSIONS: "weakref.WeakKeyDictionary[object, TrainerSession]" = weakref.WeakKeyDictionary()
+
+
+def session_of(trainer) -> TrainerSession | None:
+    """The open session of ``trainer``, if any callback is attached."""
+    return _SESSIONS.get(trainer)
+
+
+def attach(trainer, owner: object, sensors: list[Sensor] | None = None, backend: str = "auto",
+           interval_s: float = DEFAULT_INTERVAL_S, cuda_events: bool = True) -> Attachment:
+    """Attach ``owner`` to its Trainer's session (opening it) with this rank's sensors.
+
+    ``sensors=None`` with ``backend="auto"``: the sensors another callback of this Trainer already uses
+    by default (an EnergyCallback's own ``sensors``, or those detected once for the session), else
+    auto-detected here. Host sensors are read on local rank 0 only.
+    """
+    session = _SESSIONS.get(trainer)
+    if session is None:
+        root = trainer.strategy.root_device
+        clock = device_clock_for(root) if root.type == "cuda" and cuda_events else None
+        session = _SESSIONS[trainer] = TrainerSession(trainer, get_sampler(), clock)
+    zeus, notes = None, []
+    if sensors is None and backend == "auto":
+        chosen = _shared_default_sensors(trainer, owner, session)
+        if chosen is None:
+            chosen, notes, zeus = rank_sensors(trainer, None, backend)
+            session.auto_sensors = chosen
+    else:
+        chosen, notes, zeus = rank_sensors(trainer, sensors, backend)
+    attachment = Attachment(session, owner, list(chosen), list(notes), zeus)
+    session.add(attachment, interval_s)
+    return attachment
+
+
+def detach(attachment: Attachment) -> None:
+    """Detach its owner; the last callback to leave closes the session (and the sampler releases)."""
+    session = attachment.session
+    if session.remove(attachment.owner):
+        for trainer, candidate in list(_SESSIONS.items()):
+            if candidate is session:
+                del _SESSIONS[trainer]
+
+
+def _shared_default_sensors(trainer, owner, session: TrainerSession) -> list[Sensor] | None:
+    for callback in trainer.callbacks:
+        if callback is owner or not getattr(callback, "provides_default_sensors", False):
+            continue
+        user = getattr(callback, "user_sensors", None)
+        if user is not None:
+            return rank_sensors(trainer, user)[0]
+    return session.auto_sensors

@@ -1,0 +1,580 @@
+"""The Trainer's one timeline: one mark per boundary, whoever asks, and the windows every callback reads.
+
+Boundaries: fit start and end, each training epoch's start and end, each optimizer step (from the start
+of its first micro-batch to the end of the batch that steps: gradient accumulation makes one step of
+several batches), and each validation, test and predict loop. Every callback of the suite reports the
+boundary first thing in its hook (:class:`~lightning_energy.integration.base.MeteredCallback` does it
+for them); the first report places the mark and the others find it placed, so figures do not depend on
+the order of ``Trainer(callbacks=[...])``. Work a callback adds inside a step (a full-precision probe, a
+profiler flush) is a named sub-window (:meth:`Timeline.extra`): step figures exclude it and report it
+apart.
+
+Figures reach subscribers on the training thread as soon as the samples cover them, without waiting:
+
+- :class:`StepFigures` for every optimizer step (this rank's sensors);
+- :class:`LoopFigures` for every validation / test / predict loop (all ranks);
+- :class:`EpochFigures` for every training epoch, validation excluded (all ranks).
+
+All-rank figures (epochs and loops) are measured over one common interval on every rank: each
+boundary's time is the latest rank's (on one clock: ranks on one host share ``perf_counter``; across
+hosts wall-clock offsets convert, which holds to the hosts' clock synchronisation). Under DDP they are
+settled at the boundary itself, with two small collectives and a bounded wait; in a single process an
+epoch's figures are delivered at the first hook after its end is covered by samples (the epoch end
+costs one mark). Nothing here reads a sensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+from lightning_energy.meter import Mark, Measurement, Meter, measure
+from lightning_energy.sampler import Sampler
+
+LOOP_KINDS = ("val", "test", "predict")
+RETAIN_MARGIN_S = 1.0  # points kept before a boundary whose common time is settled later (DDP)
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One optimizer step of this rank: ``measurement`` excludes the named sub-windows in ``extras``.
+
+    ``step``: the step Lightning logs this step's training metrics at; ``log``: Lightning logs at it
+    (``log_every_n_steps``, the last step before stopping, ``fast_dev_run``).
+    """
+
+    step: int
+    epoch: int
+    batches: int
+    log: bool
+    measurement: Measurement
+    extras: dict[str, Measurement]
+    end: Mark  # the step's resolved end mark (cumulative J per sensor at the step's end)
+
+
+@dataclass(frozen=True)
+class LoopFigures:
+    """A validation, test or predict loop over all ranks: J per sensor name (summed over ranks)."""
+
+    kind: str
+    epoch: int
+    step: int
+    fitting: bool
+    energy_J: dict[str, float]
+    duration_s: float
+    start_s: float  # this rank's sampler clock (s)
+    end_s: float
+    missing: tuple[dict, ...] = ()
+    extrapolated: bool = False
+
+    @property
+    def total_J(self) -> float:
+        return sum(self.energy_J.values())
+
+    @property
+    def mean_power_W(self) -> float:
+        return self.total_J / self.duration_s if self.duration_s > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class EpochFigures:
+    """A training epoch over all ranks, its validation loops excluded.
+
+    ``energy_J``: J per sensor name summed over ranks; ``duration_s``: the common interval less its
+    validation; ``steps``/``steps_J``: optimizer steps of all ranks and their energy; ``fit_J``: all
+    ranks' energy from their fit start to this epoch's end; ``missing``: ``{"sensor", "rank"}`` of
+    sensors whose figures do not cover the epoch.
+    """
+
+    epoch: int
+    step: int
+    energy_J: dict[str, float]
+    duration_s: float
+    validation: tuple[LoopFigures, ...]
+    steps: int
+    steps_J: float
+    extras_J: dict[str, float]
+    fit_J: float
+    start_s: float  # this rank's sampler clock (s): the common start and end under DDP
+    end_s: float
+    missing: tuple[dict, ...] = ()
+    extrapolated: bool = False
+    resumed_mid_epoch: bool = False
+
+    @property
+    def total_J(self) -> float:
+        return sum(self.energy_J.values())
+
+    @property
+    def validation_J(self) -> float:
+        return sum(loop.total_J for loop in self.validation)
+
+    @property
+    def mean_power_W(self) -> float:
+        return self.total_J / self.duration_s if self.duration_s > 0 else 0.0
+
+
+class TimelineListener(Protocol):
+    def on_step_measured(self, trainer, figures: StepFigures) -> None: ...
+    def on_loop_measured(self, trainer, figures: LoopFigures) -> None: ...
+    def on_epoch_measured(self, trainer, figures: EpochFigures) -> None: ...
+
+
+@dataclass(eq=False)
+class _Loop:
+    kind: str
+    epoch: int
+    step: int
+    fitting: bool
+    start: Mark
+    end: Mark | None = None
+    figures: LoopFigures | None = None
+
+
+@dataclass(eq=False)
+class _Epoch:
+    epoch: int
+    start: Mark
+    resumed_mid_epoch: bool
+    end: Mark | None = None
+    step: int = 0
+    loops: list[_Loop] = field(default_factory=list)
+    steps: int = 0
+    steps_J: float = 0.0
+    extras: list[tuple[str, Mark, Mark]] = field(default_factory=list)  # sub-windows between steps
+    step_extras_J: dict[str, float] = field(default_factory=dict)
+    figures: EpochFigures | None = None  # set when settled across ranks (DDP)
+
+
+@dataclass(eq=False)
+class _Step:
+    epoch: int
+    start: Mark
+    batches: int = 0
+    extras: list[tuple[str, Mark, Mark]] = field(default_factory=list)
+
+
+class Timeline:
+    """Boundaries and windows of one Trainer (built by its session; callbacks use ``attachment.timeline``)."""
+
+    def __init__(self, trainer, meter: Meter, sampler: Sampler) -> None:
+        self.meter = meter
+        self.sampler = sampler
+        self.listeners: list[TimelineListener] = []
+        self.fit_start: Mark | None = None
+        self.fit_end: Mark | None = None
+        self.epochs_measured: list[EpochFigures] = []
+        self.loops_measured: list[LoopFigures] = []
+        self._distributed = _is_distributed(trainer)
+        self._epoch: _Epoch | None = None
+        self._step: _Step | None = None
+        self._batch_open = False
+        self._loops: dict[str, _Loop] = {}
+        self._pending_epochs: deque[_Epoch] = deque()
+        self._pending_loops: deque[_Loop] = deque()
+
+    # ------------------------------------------------------------------ subscriptions
+    def subscribe(self, listener: TimelineListener) -> None:
+        if listener not in self.listeners:
+            self.listeners.append(listener)
+
+    def unsubscribe(self, listener: TimelineListener) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    def mark(self) -> Mark:
+        """A mark now, for a callback's own window (e.g. across several steps); resolved like all others."""
+        return self.meter.mark()
+
+    # ------------------------------------------------------------------ boundaries (training thread)
+    def fit_started(self, trainer) -> None:
+        if self.fit_start is None:
+            self.fit_start = self.meter.mark()
+
+    def train_started(self, trainer) -> None:
+        """A fit resumed inside an epoch skips ``on_train_epoch_start``: open that epoch here."""
+        loop = trainer.fit_loop
+        if self._epoch is None and (getattr(loop, "restarted_mid_epoch", False)
+                                    or getattr(loop, "restarted_on_epoch_end", False)):
+            self._open_epoch(trainer, resumed=True)
+
+    def train_epoch_started(self, trainer) -> None:
+        self._deliver(trainer)
+        if self._epoch is None or self._epoch.epoch != trainer.current_epoch:
+            self._open_epoch(trainer, resumed=False)
+
+    def _open_epoch(self, trainer, resumed: bool) -> None:
+        self.meter.clock.reanchor()
+        self._epoch = _Epoch(trainer.current_epoch, self.meter.mark(), resumed)
+        self._step = None
+        if self._distributed:
+            self.sampler.retain(self, self.sampler.clock() - RETAIN_MARGIN_S)
+
+    def batch_started(self, trainer, batch_idx: int) -> None:
+        if self._batch_open:
+            return
+        self._batch_open = True
+        if self._step is None:
+            self._step = _Step(trainer.current_epoch, self.meter.mark())
+        self._deliver(trainer)
+
+    def batch_ended(self, trainer, batch_idx: int) -> None:
+        if not self._batch_open:
+            return
+        self._batch_open = False
+        step = self._step
+        epoch_loop = trainer.fit_loop.epoch_loop
+        step.batches += 1
+        if epoch_loop._should_accumulate():
+            return  # the optimizer steps at a later batch: the window stays open
+        self._step = None
+        log = bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+        end = self.meter.mark()
+        self.meter.add_window(step.start, end, tag=None, info=(epoch_loop._batches_that_stepped, step, log, end),
+                              keep=True)
+        if self._epoch is not None:
+            self._epoch.steps += 1
+        self._deliver(trainer)
+
+    def train_epoch_ended(self, trainer) -> None:
+        epoch = self._epoch
+        if epoch is None or epoch.end is not None:
+            return
+        self._batch_open = False
+        self._step = None
+        epoch.end = self.meter.mark()
+        epoch.step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        self._epoch = None
+        self._pending_epochs.append(epoch)
+        if self._distributed:
+            self._settle_epoch_across_ranks(trainer, epoch)
+        self._deliver(trainer)
+
+    def loop_started(self, trainer, kind: str) -> None:
+        if trainer.sanity_checking or kind in self._loops:
+            return
+        fitting = _fitting(trainer)
+        epoch = trainer.current_epoch
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped if fitting else trainer.global_step
+        loop = self._loops[kind] = _Loop(kind, epoch, step, fitting, self.meter.mark())
+        if self._distributed:
+            self.sampler.retain(self, self.sampler.clock() - RETAIN_MARGIN_S)
+        if fitting and self._epoch is not None:
+            self._epoch.loops.append(loop)
+
+    def loop_ended(self, trainer, kind: str) -> None:
+        loop = self._loops.pop(kind, None)
+        if loop is None:
+            return
+        loop.end = self.meter.mark()
+        if self._epoch is not None and any(known is loop for known in self._epoch.loops):
+            self._deliver(trainer)  # measured with its epoch
+            return
+        if self._distributed:
+            self._settle_loop_across_ranks(trainer, loop)
+        self._pending_loops.append(loop)
+        if loop.fitting:
+            self._deliver(trainer)
+        else:
+            self.flush(trainer)  # validate()/test()/predict(): nothing comes after to deliver it
+
+    def fit_ended(self, trainer) -> None:
+        if self.fit_end is None and self.fit_start is not None:
+            if self._epoch is not None:  # stopped inside an epoch (max_steps, max_time): close it
+                self.train_epoch_ended(trainer)
+            self.fit_end = self.meter.mark()
+            self.flush(trainer)
+
+    @contextlib.contextmanager
+    def extra(self, name: str) -> Iterator[None]:
+        """A named sub-window for work a callback adds: excluded from step figures, reported apart."""
+        start = self.meter.mark()
+        try:
+            yield
+        finally:
+            window = (name, start, self.meter.mark())
+            if self._step is not None:
+                self._step.extras.append(window)
+            elif self._epoch is not None:
+                self._epoch.extras.append(window)
+
+    # ------------------------------------------------------------------ delivery
+    def flush(self, trainer, timeout_s: float | None = None) -> None:
+        """Wait (bounded) until every boundary placed so far is measured and deliver it all."""
+        marks = [e.end for e in self._pending_epochs] + [loop.end for loop in self._pending_loops]
+        for mark in marks + ([self.fit_end] if self.fit_end is not None else []):
+            self.meter.wait(mark, timeout_s)
+        self._deliver(trainer)
+
+    def _deliver(self, trainer) -> None:
+        """Hand every measured step, loop and epoch to the listeners (cheap when nothing is new)."""
+        results = self.meter.results
+        while results:
+            (step_number, step, log, end), gross = results.popleft()
+            extras = {}
+            for name, start, end in step.extras:
+                m = measure(start, end)
+                extras[name] = _plus(extras.get(name), m)
+            net = _minus(gross, list(extras.values()))
+            epoch = self._find_epoch(step.epoch)
+            if epoch is not None:
+                epoch.steps_J += net.total_J
+                for name, m in extras.items():
+                    epoch.step_extras_J[name] = epoch.step_extras_J.get(name, 0.0) + m.total_J
+            figures = StepFigures(step_number, step.epoch, step.batches, log, net, extras, end)
+            for listener in list(self.listeners):
+                listener.on_step_measured(trainer, figures)
+        while self._pending_epochs and self._epoch_ready(self._pending_epochs[0]):
+            epoch = self._pending_epochs.popleft()
+            figures = epoch.figures or self._local_epoch_figures(epoch)
+            for loop in epoch.loops:
+                self._emit_loop(trainer, loop)
+            self.epochs_measured.append(figures)
+            for listener in list(self.listeners):
+                listener.on_epoch_measured(trainer, figures)
+        while self._pending_loops and (self._pending_loops[0].figures is not None
+                                       or self._pending_loops[0].end.resolved):
+            self._emit_loop(trainer, self._pending_loops.popleft())
+
+    def _find_epoch(self, number: int) -> _Epoch | None:
+        if self._epoch is not None and self._epoch.epoch == number:
+            return self._epoch
+        return next((e for e in self._pending_epochs if e.epoch == number), None)
+
+    def _epoch_ready(self, epoch: _Epoch) -> bool:
+        return epoch.figures is not None or (not self._distributed and epoch.end.resolved)
+
+    def _emit_loop(self, trainer, loop: _Loop) -> None:
+        if loop.figures is None:
+            loop.figures = self._local_loop_figures(loop)
+        self.loops_measured.append(loop.figures)
+        for listener in list(self.listeners):
+            listener.on_loop_measured(trainer, loop.figures)
+
+    # ------------------------------------------------------------------ single process: marks
+    def _local_loop_figures(self, loop: _Loop) -> LoopFigures:
+        m = measure(loop.start, loop.end)
+        return LoopFigures(loop.kind, loop.epoch, loop.step, loop.fitting, dict(m.energy_J), m.duration_s,
+                           m.start_s, m.end_s, tuple({"sensor": n, "rank": 0} for n in m.missing), m.extrapolated)
+
+    def _local_epoch_figures(self, epoch: _Epoch) -> EpochFigures:
+        window = measure(epoch.start, epoch.end)
+        loops = [self._local_loop_figures(loop) for loop in epoch.loops]
+        for loop, figures in zip(epoch.loops, loops):
+            loop.figures = figures
+        energy = {n: j - sum(loop.energy_J.get(n, 0.0) for loop in loops) for n, j in window.energy_J.items()}
+        duration = window.duration_s - sum(loop.duration_s for loop in loops)
+        extras = dict(epoch.step_extras_J)
+        for name, start, end in epoch.extras:
+            extras[name] = extras.get(name, 0.0) + measure(start, end).total_J
+        fit_J = measure(self.fit_start, epoch.end).total_J if self.fit_start is not None else window.total_J
+        missing = tuple({"sensor": n, "rank": 0} for n in window.missing)
+        return EpochFigures(epoch.epoch, epoch.step, energy, duration, tuple(loops), epoch.steps, epoch.steps_J,
+                            extras, fit_J, window.start_s, window.end_s, missing, window.extrapolated, epoch.resumed_mid_epoch)
+
+    def _energy_of(self, mark: Mark, now: float) -> tuple[dict, float]:
+        """(cumulative J per sensor, time s) at ``mark``: its own figures once resolved, else from the samples
+        at hand (extrapolated past the latest; a device mark not yet reached counts as ``now``)."""
+        if mark.resolved:
+            return mark.energy, mark.t
+        t = mark.t if mark.t is not None else now
+        return self.sampler.energy_at(self.meter.sensor_names, t)[0], t
+
+    def _provisional_epoch_figures(self, epoch: _Epoch, now: float) -> EpochFigures:
+        """An ended epoch not yet covered by samples, from the samples at hand (its end extrapolated by at
+        most the time since the latest sample; flagged ``extrapolated``). Marks are left untouched."""
+        if epoch.figures is not None:
+            return epoch.figures
+        energy = functools.partial(self._energy_of, now=now)
+        start_energy, start_s = energy(epoch.start)
+        end_energy, end_s = energy(epoch.end)
+        loops, loop_energy, loop_s = [], {}, 0.0
+        for loop in epoch.loops:
+            (a, a_s), (b, b_s) = energy(loop.start), energy(loop.end)
+            part = _difference(a, b)
+            loops.append(LoopFigures(loop.kind, loop.epoch, loop.step, True, part, b_s - a_s, a_s, b_s))
+            loop_energy = _sum_dicts([loop_energy, part])
+            loop_s += b_s - a_s
+        train = {n: j - loop_energy.get(n, 0.0) for n, j in _difference(start_energy, end_energy).items()}
+        fit_J = sum(_difference(energy(self.fit_start)[0], end_energy).values()) if self.fit_start is not None else 0.0
+        return EpochFigures(epoch.epoch, epoch.step, train, end_s - start_s - loop_s, tuple(loops), epoch.steps,
+                            epoch.steps_J, dict(epoch.step_extras_J), fit_J, start_s, end_s, (),
+                            not epoch.end.resolved, epoch.resumed_mid_epoch)
+
+    # ------------------------------------------------------------------ DDP: one common interval
+    def _settle_epoch_across_ranks(self, trainer, epoch: _Epoch) -> None:
+        """Collective: measure the epoch over the ranks' common interval, on every rank, now."""
+        self.meter.wait(epoch.end)  # this rank's marks and its step windows are resolved
+        self._deliver_steps_only(trainer)
+        local_bounds = [epoch.start.t, epoch.end.t] + [t for loop in epoch.loops for t in (loop.start.t, loop.end.t)]
+        common = self._common_times(trainer, local_bounds)
+        start_s, end_s = common[0], common[1]
+        loop_bounds = list(zip(common[2::2], common[3::2]))
+        names = self.meter.sensor_names
+        at = self._energies_at(names, [start_s, end_s, *[t for pair in loop_bounds for t in pair]])
+        e_start, e_end = at[0], at[1]
+        flagged = set(e_start[1]) | set(e_end[1])
+        loop_energy = []
+        for i in range(len(loop_bounds)):
+            (a, fa), (b, fb) = at[2 + 2 * i], at[3 + 2 * i]
+            flagged |= set(fa) | set(fb)
+            loop_energy.append(_difference(a, b))
+        window = _difference(e_start[0], e_end[0])
+        train = {n: j - sum(le.get(n, 0.0) for le in loop_energy) for n, j in window.items()}
+        extras = dict(epoch.step_extras_J)
+        for name, s, e in epoch.extras:
+            extras[name] = extras.get(name, 0.0) + measure(s, e).total_J
+        fit_J = sum(_difference(self.fit_start.energy, e_end[0]).values()) if self.fit_start is not None else 0.0
+        rank = trainer.global_rank
+        local = {
+            "train": train, "loops": loop_energy, "steps": epoch.steps, "steps_J": epoch.steps_J,
+            "extras": extras, "fit_J": fit_J,
+            "missing": [{"sensor": n, "rank": rank} for n in sorted(flagged | _missing_names(e_start[0], e_end[0]))],
+        }
+        gathered = _gather(trainer, local)
+        loops = []
+        for i, loop in enumerate(epoch.loops):
+            a, b = loop_bounds[i]
+            energy = _sum_dicts(g["loops"][i] for g in gathered)
+            loop.figures = LoopFigures(loop.kind, loop.epoch, loop.step, True, energy, b - a, a, b,
+                                       tuple(m for g in gathered for m in g["missing"]), bool(flagged))
+            loops.append(loop.figures)
+        epoch.figures = EpochFigures(
+            epoch.epoch, epoch.step, _sum_dicts(g["train"] for g in gathered),
+            (end_s - start_s) - sum(b - a for a, b in loop_bounds), tuple(loops),
+            sum(g["steps"] for g in gathered), sum(g["steps_J"] for g in gathered),
+            _sum_dicts(g["extras"] for g in gathered), sum(g["fit_J"] for g in gathered), start_s, end_s,
+            tuple(m for g in gathered for m in g["missing"]), bool(flagged), epoch.resumed_mid_epoch)
+        self.sampler.retain(self, None)
+
+    def _settle_loop_across_ranks(self, trainer, loop: _Loop) -> None:
+        """Collective: a validation/test/predict loop over the ranks' common interval."""
+        self.meter.wait(loop.end)
+        start_s, end_s = self._common_times(trainer, [loop.start.t, loop.end.t])
+        (a, fa), (b, fb) = self._energies_at(self.meter.sensor_names, [start_s, end_s])
+        rank = trainer.global_rank
+        flagged = set(fa) | set(fb) | _missing_names(a, b)
+        gathered = _gather(trainer, {"energy": _difference(a, b),
+                                     "missing": [{"sensor": n, "rank": rank} for n in sorted(flagged)]})
+        loop.figures = LoopFigures(loop.kind, loop.epoch, loop.step, loop.fitting,
+                                   _sum_dicts(g["energy"] for g in gathered), end_s - start_s, start_s, end_s,
+                                   tuple(m for g in gathered for m in g["missing"]), bool(flagged))
+        self.sampler.retain(self, None)
+
+    def _deliver_steps_only(self, trainer) -> None:
+        pending, self._pending_epochs = self._pending_epochs, deque()
+        try:
+            self._deliver(trainer)
+        finally:
+            self._pending_epochs = pending
+
+    def _common_times(self, trainer, local: list[float]) -> list[float]:
+        """Each boundary's time on this rank's clock as the latest rank reached it (collective)."""
+        host, offset = socket.gethostname(), time.time() - time.perf_counter()
+        gathered = _gather(trainer, (host, offset, local))
+        common = list(local)
+        for other_host, other_offset, times in gathered:
+            shift = 0.0 if other_host == host else other_offset - offset
+            common = [max(c, t + shift) for c, t in zip(common, times)]
+        return common
+
+    def _energies_at(self, names: list[str], times: list[float]):
+        """Cumulative J per sensor at each time (waiting, bounded, until samples reach the latest)."""
+        self.meter.wait_until_covered(max(times))
+        return [self.sampler.energy_at(names, t) for t in times]
+
+    def so_far(self, names: list[str], until: Mark | None = None) -> dict:
+        """This rank's figures up to now, without waiting (for checkpoints): ``fit_J`` and ``duration_s``
+        since fit start, for an open epoch ``open_epoch``, its ``open_train_J`` (validation so far
+        excluded) and ``open_validation_J``, and ``pending_epochs`` (ended, not yet delivered). Past the
+        latest samples (one sampling interval at most) energy is extrapolated from the last power.
+        ``until``: a resolved mark to stop at instead of now (the fit's end)."""
+        if self.fit_start is None:
+            return {"fit_J": 0.0, "duration_s": 0.0, "pending_epochs": []}
+        if until is not None and until.resolved:
+            now, energy_now = until.t, until.energy
+        else:
+            now = self.sampler.clock()
+            energy_now, _ = self.sampler.energy_at(names, now)
+        fit_start_energy, fit_start_s = self._energy_of(self.fit_start, now)
+        state = {"fit_J": _total(fit_start_energy, energy_now, names), "duration_s": now - fit_start_s,
+                 "pending_epochs": [self._provisional_epoch_figures(e, now) for e in self._pending_epochs]}
+        epoch = self._epoch
+        if epoch is not None:
+            start_energy, _ = self._energy_of(epoch.start, now)
+            validation = 0.0
+            for loop in epoch.loops:
+                loop_start, _ = self._energy_of(loop.start, now)
+                loop_end = self._energy_of(loop.end, now)[0] if loop.end is not None else energy_now
+                validation += _total(loop_start, loop_end, names)
+            state.update(open_epoch=epoch.epoch, open_validation_J=validation,
+                         open_train_J=_total(start_energy, energy_now, names) - validation)
+        return state
+
+    def close(self) -> None:
+        self.sampler.retain(self, None)
+        self.listeners.clear()
+
+
+# ---------------------------------------------------------------------- helpers
+def _is_distributed(trainer) -> bool:
+    if trainer.world_size <= 1:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _gather(trainer, value: Any) -> list[Any]:
+    from lightning_energy import distributed
+
+    return distributed.gather(trainer, value)
+
+
+def _fitting(trainer) -> bool:
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    return trainer.state.fn == TrainerFn.FITTING
+
+
+def _difference(start: dict, end: dict) -> dict[str, float]:
+    return {n: e - start[n] for n, e in end.items() if e is not None and start.get(n) is not None}
+
+
+def _total(start: dict, end: dict, names: list[str]) -> float:
+    return sum(end[n] - start[n] for n in names if end.get(n) is not None and start.get(n) is not None)
+
+
+def _missing_names(start: dict, end: dict) -> set[str]:
+    return {n for n, e in end.items() if e is None or start.get(n) is None}
+
+
+def _sum_dicts(dicts) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for d in dicts:
+        for name, joules in d.items():
+            total[name] = total.get(name, 0.0) + joules
+    return total
+
+
+def _plus(a: Measurement | None, b: Measurement) -> Measurement:
+    if a is None:
+        return b
+    energy = _sum_dicts([a.energy_J, b.energy_J])
+    return Measurement(a.start_s, a.start_s + a.duration_s + b.duration_s, energy,
+                       tuple(sorted(set(a.missing) | set(b.missing))), a.extrapolated or b.extrapolated)
+
+
+def _minus(gross: Measurement, parts: list[Measurement]) -> Measurement:
+    """``gross`` less the sub-windows inside it: energy per sensor and duration."""
+    if not parts:
+        return gross
+    energy = {n: j - sum(p.energy_J.get(n, 0.0) for p in parts) for n, j in gross.energy_J.items()}
+    duration = gross.duration_s - sum(p.duration_s for p in parts)
+    return Measurement(gross.start_s, gross.start_s + duration, energy, gross.missing, gross.extrapolated)

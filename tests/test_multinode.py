@@ -1,0 +1,166 @@
+"""Multi-node DDP, simulated: 2 nodes x 2 CPU ranks on this host (issue 12 item 2).
+
+Host sensors are read once per node (by its local rank 0), device sensors once per rank, and the total is
+exactly the sum of each sensor's constant power times its rank's measured duration. The four processes are
+launched here, one per global rank, as an external launcher would (see multinode_fit.py for the variables).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+DEVICE_W, HOST_W = 80.0, 25.0  # as in multinode_fit.py
+NUM_NODES, DEVICES = 2, 2
+WORLD_SIZE = NUM_NODES * DEVICES
+EPOCHS = 3
+TIMEOUT_S = 90
+WATTS = {"device": DEVICE_W, "host": HOST_W}
+
+# variables by which Lightning would detect a cluster of its own (or torchrun's) around the test
+_LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "LSB_", "LSF_", "KUBERNETES_", "PL_")
+_LAUNCHER_VARS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
+                  "LOCAL_WORLD_SIZE", "JSM_NAMESPACE_RANK"}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_env(port: int, node: int, local: int) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
+    env.update({
+        "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "CODECARBON_LOG_LEVEL": "error",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD_SIZE),
+        "NODE_RANK": str(node), "GROUP_RANK": str(node), "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(DEVICES), "RANK": str(node * DEVICES + local),
+    })
+    return env
+
+
+def _tail(path: Path, chars: int = 2500) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-chars:]
+
+
+def _launch(out_dir: Path, logs: Path, port: int) -> tuple[bool, str]:
+    """Run the 4 ranks; (all exited 0, failure description). Every process is gone on return."""
+    procs = []  # (global rank, Popen, stderr path)
+    try:
+        for node in range(NUM_NODES):
+            for local in range(DEVICES):
+                rank = node * DEVICES + local
+                out, err = logs / f"rank{rank}.out", logs / f"rank{rank}.err"
+                with open(out, "wb") as fo, open(err, "wb") as fe:  # the child keeps its own descriptors
+                    proc = subprocess.Popen([sys.executable, str(HERE / "multinode_fit.py"), str(out_dir)],
+                                            stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                                            env=_rank_env(port, node, local), start_new_session=True)
+                procs.append((rank, proc, err))
+        deadline = time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
+            codes = [proc.poll() for _, proc, _ in procs]
+            if any(code not in (None, 0) for code in codes):
+                time.sleep(1.0)  # let the peers fail too, for their messages; they are killed below
+                break
+            if all(code == 0 for code in codes):
+                return True, ""
+            time.sleep(0.1)
+        failures = []
+        for rank, proc, err in procs:
+            code = proc.poll()
+            if code != 0:
+                state = "still running (killed)" if code is None else f"exit code {code}"
+                failures.append(f"--- rank {rank}: {state}; stderr tail:\n{_tail(err)}")
+        timed_out = all(proc.poll() in (None, 0) for _, proc, _ in procs)
+        head = f"timed out after {TIMEOUT_S} s" if timed_out else "a rank failed"
+        return False, f"{head} (MASTER_PORT={port})\n" + "\n".join(failures)
+    finally:
+        for _, proc, _ in procs:
+            try:  # each child leads its own session: its process group holds whatever it started, even
+                os.killpg(proc.pid, signal.SIGKILL)  # once the child itself has exited
+            except (ProcessLookupError, PermissionError):
+                pass
+        for _, proc, _ in procs:
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict:
+    for attempt in range(2):  # a second try only for a port taken between choosing and binding it
+        base = tmp_path_factory.mktemp(f"multinode{attempt}")
+        out_dir, logs = base / "out", base / "logs"
+        out_dir.mkdir()
+        logs.mkdir()
+        ok, failure = _launch(out_dir, logs, _free_port())
+        if ok:
+            break
+        port_taken = any("address already in use" in _tail(p, 20000).lower() for p in logs.glob("*.err"))
+        if not port_taken:
+            break
+    assert ok, failure
+    (report_path,) = out_dir.rglob("energy_report.json")
+    return json.loads(report_path.read_text())
+
+
+def _durations(report: dict) -> dict[int, float]:
+    return {r["rank"]: r["duration_s"] for r in report["ranks"]}
+
+
+@pytest.mark.slow
+def test_host_sensor_once_per_node_device_sensor_once_per_rank(report):
+    assert report["world_size"] == WORLD_SIZE
+    assert sorted(r["rank"] for r in report["ranks"]) == list(range(WORLD_SIZE))
+    assert sorted((r["rank"], r["local_rank"]) for r in report["ranks"]) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    owners = sorted((s["name"], s["rank"]) for s in report["sensors"])
+    # host on global ranks 0 and 2: local rank 0 of node 0 and of node 1
+    assert owners == [("device", 0), ("device", 1), ("device", 2), ("device", 3), ("host", 0), ("host", 2)]
+    assert {s["name"]: s["scope"] for s in report["sensors"]} == {"device": "device", "host": "host"}
+    assert all(d > 0 for d in _durations(report).values())
+
+
+@pytest.mark.slow
+def test_total_is_exact_sum_of_sensor_power_times_rank_duration(report):
+    durations = _durations(report)
+    expected = {}
+    for s in report["sensors"]:
+        joules = WATTS[s["name"]] * durations[s["rank"]]
+        assert s["energy_J"] == pytest.approx(joules, rel=1e-9), s  # each row: its constant power x its rank's time
+        expected[s["name"]] = expected.get(s["name"], 0.0) + joules
+    # 4 device sensors and 2 host sensors in all
+    assert expected["device"] == pytest.approx(DEVICE_W * sum(durations.values()), rel=1e-12)
+    assert expected["host"] == pytest.approx(HOST_W * (durations[0] + durations[2]), rel=1e-12)
+    assert report["total_J"] == pytest.approx(sum(expected.values()), rel=1e-9)
+    assert sum(s["energy_J"] for s in report["sensors"]) == pytest.approx(report["total_J"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_epochs_per_sensor_energy_adds_up_to_train_energy(report):
+    epochs = report["epochs"]
+    assert [e["epoch"] for e in epochs] == list(range(EPOCHS))
+    durations = _durations(report)
+    for epoch in epochs:
+        per_sensor = epoch["per_sensor_J"]
+        assert set(per_sensor) == {"device", "host"}
+        assert epoch["train_J"] == pytest.approx(sum(per_sensor.values()), rel=1e-12)
+        assert epoch["train_s"] > 0 and all(j > 0 for j in per_sensor.values())
+    # no epoch can hold more of a sensor than the whole fit does (alignment-free bounds)
+    assert sum(e["per_sensor_J"]["device"] for e in epochs) <= DEVICE_W * sum(durations.values()) * (1 + 1e-9)
+    assert sum(e["per_sensor_J"]["host"] for e in epochs) <= HOST_W * (durations[0] + durations[2]) * (1 + 1e-9)
+    assert sum(e["train_J"] for e in epochs) <= report["total_J"] * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_epoch_power_is_all_sensors_power(report):
+    expected_W = WORLD_SIZE * DEVICE_W + NUM_NODES * HOST_W  # 4 device sensors + 2 host sensors
+    powers = [e["train_J"] / e["train_s"] for e in report["epochs"]]
+    assert powers == pytest.approx([expected_W] * EPOCHS, rel=1e-6)

@@ -1,0 +1,317 @@
+"""The NVML sensor and the CUDA -> NVML mapping against a fake ``pynvml`` that follows NVML's documented
+semantics (``fakes_nvml.FakeNvml``; checked here against the installed nvidia-ml-py), on a fake clock."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+import types
+
+import pytest
+
+from conftest import FakeClock
+from fakes_nvml import (
+    ERROR_CLASSES,
+    NVML_DEVICE_ARCH_AMPERE,
+    NVML_DEVICE_ARCH_PASCAL,
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_UNKNOWN,
+    FakeGpu,
+    FakeNvml,
+    FakeTorch,
+    h100s,
+)
+from lightning_energy.sensors import detect
+from lightning_energy.sensors import nvml as nvml_module
+from lightning_energy.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
+
+MIG_UUID = "MIG-0f0e0d0c-0b0a-0908-0706-050403020100"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
+
+
+@pytest.fixture(autouse=True)
+def no_cuda_environment(monkeypatch):
+    """No CUDA_VISIBLE_DEVICES/CUDA_DEVICE_ORDER from the machine; torch as installed here (no CUDA)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+
+
+def opened(fake: FakeNvml, index: int = 0) -> NvmlGpuSensor:
+    """An opened sensor on a fake that its caller has initialised (one nvmlInit held by the test)."""
+    fake.nvmlInit()
+    sensor = NvmlGpuSensor(index, pynvml_module=fake)
+    sensor.open()
+    return sensor
+
+
+# ------------------------------------------------------------------ the fake is faithful to pynvml
+def test_the_fake_mirrors_pynvml_names_numbers_signatures_and_error_classes():
+    pynvml = pytest.importorskip("pynvml")
+    fake = FakeNvml(h100s(1))
+    constants = [n for n in dir(FakeNvml) if n.startswith("NVML_")]
+    assert len(constants) > 40
+    for name in constants:
+        assert getattr(fake, name) == getattr(pynvml, name), name
+    for name, cls in ERROR_CLASSES.items():
+        real = getattr(pynvml, name)
+        assert cls().value == real().value, name  # NVMLError_NotSupported() carries its code
+        assert type(fake.NVMLError(cls().value)) is cls  # NVMLError(code) builds the subclass
+        assert str(cls()) == str(real()), name
+        assert issubclass(cls, fake.NVMLError)
+    functions = [n for n in dir(FakeNvml) if n.startswith("nvml") and callable(getattr(FakeNvml, n))]
+    assert len(functions) > 20
+    for name in functions:
+        real = inspect.signature(getattr(pynvml, name))
+        ours = inspect.signature(getattr(fake, name))
+        assert list(ours.parameters) == list(real.parameters), name
+
+
+def test_the_fake_counter_is_in_mj_and_advances_every_100_ms(clock):
+    fake = FakeNvml([FakeGpu(uuid="GPU-a", power_W=250.0)], clock)
+    fake.nvmlInit()
+    handle = fake.nvmlDeviceGetHandleByIndex(0)
+    clock.advance(0.05)
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 0
+    clock.advance(0.09)  # 0.14 s: the 0.1-s update
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 25_000
+    clock.advance(0.05)  # 0.19 s: no update since
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 25_000
+    clock.advance(0.01)
+    assert fake.nvmlDeviceGetTotalEnergyConsumption(handle) == 50_000
+    fake.nvmlShutdown()
+    with pytest.raises(fake.NVMLError_Uninitialized):  # reference counted: the last shutdown ends it
+        fake.nvmlDeviceGetTotalEnergyConsumption(handle)
+    with pytest.raises(fake.NVMLError_Uninitialized):
+        fake.nvmlShutdown()
+
+
+def test_a_fake_call_can_be_held_until_released(clock):
+    fake = FakeNvml(h100s(1), clock)
+    sensor = opened(fake)
+    gate = fake.block("nvmlDeviceGetTotalEnergyConsumption")
+    result = []
+    reader = threading.Thread(target=lambda: result.append(sensor.energy_j()))
+    reader.start()
+    reader.join(timeout=0.2)
+    assert reader.is_alive() and result == []  # hung in the driver
+    gate.set()
+    reader.join()
+    assert result == [0.0]
+
+
+# ------------------------------------------------------------------ what the sensor reads
+def test_the_counter_is_read_in_joules_and_labelled(clock):
+    fake = FakeNvml(h100s(1, power_W=250.0), clock)
+    sensor = opened(fake)
+    clock.advance(0.25)  # the counter last advanced at 0.2 s: 50 J
+    assert sensor.energy_j() == 50.0
+    assert sensor.kind == "energy" and sensor.counter_update_period_s == 0.1
+    assert sensor.describe()["reading"] == "energy counter"
+    assert "mJ" in sensor.source and "counter" in sensor.source and "H100" in sensor.source
+
+
+def test_instant_power_comes_from_the_instant_field_not_the_1s_average(clock):
+    """100 W for 2 s, then 300 W: 0.25 s later the instant field says 300 W; nvmlDeviceGetPowerUsage, a
+    1-s average on Hopper, still says 150 W."""
+    fake = FakeNvml([FakeGpu(uuid="GPU-a", has_energy_counter=False, power_W=100.0)], clock)
+    sensor = opened(fake)
+    clock.advance(2.0)
+    fake.set_power(0, 300.0)
+    clock.advance(0.25)
+    assert fake.nvmlDeviceGetPowerUsage(fake.nvmlDeviceGetHandleByIndex(0)) == 150_000
+    assert sensor.kind == "power" and sensor.power_w() == 300.0
+    assert sensor.read_fields()["power_W"] == 300.0
+    assert sensor.describe()["reading"] == "instant power"
+    assert "NVML_FI_DEV_POWER_INSTANT" in sensor.source and "polled" in sensor.source
+
+
+def test_without_the_instant_field_the_1s_average_is_read_and_says_so(clock):
+    fake = FakeNvml(h100s(1, has_power_fields=False, power_W=100.0), clock)
+    sensor = opened(fake)
+    clock.advance(2.0)
+    fake.set_power(0, 300.0)
+    clock.advance(0.25)
+    assert sensor.read_fields()["power_W"] == 150.0
+    assert sensor.describe()["power_field"].startswith("nvmlDeviceGetPowerUsage")
+    assert "1-s average" in sensor.describe()["power_field"]
+
+
+def test_pre_volta_gpus_have_no_counter_and_their_power_usage_is_instantaneous(clock):
+    gpu = FakeGpu(uuid="GPU-a", name="Tesla P100", architecture=NVML_DEVICE_ARCH_PASCAL,
+                  has_energy_counter=False, has_power_fields=False, power_usage_is_average=False, power_W=180.0)
+    fake = FakeNvml([gpu], clock)
+    fake.nvmlInit()
+    with pytest.raises(fake.NVMLError_NotSupported) as raised:
+        fake.nvmlDeviceGetTotalEnergyConsumption(fake.nvmlDeviceGetHandleByIndex(0))
+    assert raised.value.value == fake.NVML_ERROR_NOT_SUPPORTED
+    sensor = opened(fake)
+    assert sensor.kind == "power" and sensor.counter_update_period_s is None
+    assert sensor.power_w() == 180.0
+    assert sensor.describe()["reading"] == "instant power"
+    assert "instantaneous before Ampere" in sensor.source
+
+
+# ------------------------------------------------------------------ typed errors, not NaN or a silent fallback
+def test_a_lost_gpu_raises_a_typed_error_naming_the_call_and_gpu(clock):
+    fake = FakeNvml(h100s(2), clock)
+    sensor = opened(fake, 1)
+    fake.fail("nvmlDeviceGetTotalEnergyConsumption", NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(RuntimeError) as raised:
+        sensor.energy_j()
+    assert type(raised.value).__name__ == "NvmlGpuLostError" and raised.value.code == NVML_ERROR_GPU_IS_LOST
+    assert "GPU 1" in str(raised.value) and "GPU is lost" in str(raised.value)
+    assert "NVML_ERROR_GPU_IS_LOST" in str(raised.value)
+    assert isinstance(raised.value.__cause__, fake.NVMLError_GpuIsLost)
+
+
+def test_only_not_supported_means_no_counter(clock):
+    fake = FakeNvml(h100s(1), clock)
+    fake.fail("nvmlDeviceGetTotalEnergyConsumption", NVML_ERROR_NO_PERMISSION)
+    fake.nvmlInit()
+    sensor = NvmlGpuSensor(0, pynvml_module=fake)
+    with pytest.raises(RuntimeError, match="Insufficient Permissions") as raised:
+        sensor.open()  # not silently demoted to power polling
+    assert type(raised.value).__name__ == "NvmlNoPermissionError"
+    assert fake.init_count == 1  # the failed open gave its own nvmlInit back
+
+
+def test_telemetry_reads_nan_on_an_nvml_error_but_a_bug_is_not_hidden(clock):
+    fake = FakeNvml(h100s(1), clock)
+    sensor = opened(fake)
+    fake.fail("nvmlDeviceGetTemperature", NVML_ERROR_UNKNOWN)
+    fields = sensor.read_fields()
+    assert fields["temperature_C"] != fields["temperature_C"] and fields["gpu_util_pct"] == 97.0  # NaN, the rest read
+    fake.fail("nvmlDeviceGetTemperature", None)
+    fake.nvmlDeviceGetTemperature = lambda handle, sensor: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        sensor.read_fields()
+
+
+def test_the_blocking_pcie_query_stays_off_the_training_thread(monkeypatch, clock):
+    """nvmlDeviceGetPcieThroughput blocks ~20 ms: open() (training thread) never calls it; the sampling
+    thread tries it at its first read and then at most once a second."""
+    monkeypatch.setattr(nvml_module, "time", types.SimpleNamespace(perf_counter=clock))
+    fake = FakeNvml(h100s(1, has_pcie_counters=True), clock)
+    fake.latency_s["nvmlDeviceGetPcieThroughput"] = 0.02
+    sensor = opened(fake)
+    assert fake.calls["nvmlDeviceGetPcieThroughput"] == 0 and clock() == 1000.0
+    fields = sensor.read_fields()
+    assert (fields["pcie_tx_KBps"], fields["pcie_rx_KBps"]) == (1200.0, 3400.0)
+    assert fake.calls["nvmlDeviceGetPcieThroughput"] == 2 and clock() == 1000.04
+    clock.advance(0.5)
+    assert "pcie_tx_KBps" not in sensor.read_fields() and fake.calls["nvmlDeviceGetPcieThroughput"] == 2
+
+
+def test_nvml_init_and_shutdown_are_paired(clock):
+    fake = FakeNvml(h100s(2), clock)
+    first, second = NvmlGpuSensor(0, pynvml_module=fake), NvmlGpuSensor(1, pynvml_module=fake)
+    first.open()
+    second.open()
+    assert fake.init_count == 2
+    first.close()
+    assert second.energy_j() == 0.0  # still initialised for the other sensor
+    second.close()
+    second.close()  # closing twice does not shut NVML down twice
+    assert fake.init_count == 0
+
+
+# ------------------------------------------------------------------ MIG
+def test_a_gpu_in_mig_mode_is_refused(clock):
+    fake = FakeNvml([FakeGpu(uuid="GPU-a", mig_uuids=(MIG_UUID,))], clock)
+    fake.nvmlInit()
+    with pytest.raises(RuntimeError, match="MIG mode.*every other instance") as raised:
+        NvmlGpuSensor(0, pynvml_module=fake).open()
+    assert type(raised.value).__name__ == "MigDeviceError"
+    assert fake.init_count == 1  # the refused sensor gave its own nvmlInit back
+
+
+def test_a_mig_instance_is_refused_by_the_mapping(monkeypatch, clock):
+    fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", mig_uuids=("MIG-x", MIG_UUID))], clock)
+    fake.nvmlInit()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_UUID)
+    with pytest.raises(RuntimeError, match="is a MIG instance") as raised:
+        nvml_index_for_cuda_device(fake, 0)
+    assert type(raised.value).__name__ == "MigDeviceError"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    torch = FakeTorch(clock, device_count=1, uuids=[MIG_UUID[len("MIG-"):]])  # as torch prints it
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with pytest.raises(RuntimeError, match="MIG instance of NVML GPU 1"):
+        nvml_index_for_cuda_device(fake, 0)
+    fake.nvmlShutdown()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sensors, notes = detect.default_sensors(0, read_host=False)
+    assert sensors == [] and "MigDeviceError" in notes[0]
+    assert fake.init_count == 0
+
+
+# ------------------------------------------------------------------ the one CUDA -> NVML mapping
+def test_cuda_visible_devices_with_uuids_and_short_prefixes(monkeypatch, clock):
+    gpus = [FakeGpu(uuid=u) for u in ("GPU-8f3a1b2c-0000-0000-0000-000000000000",
+                                      "GPU-8f3a9999-0000-0000-0000-000000000000",
+                                      "GPU-1234abcd-0000-0000-0000-000000000000")]
+    fake = FakeNvml(gpus, clock)
+    fake.nvmlInit()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1234,GPU-8f3a9")
+    assert [nvml_index_for_cuda_device(fake, i) for i in (0, 1)] == [2, 1]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f3a")  # two GPUs start so: CUDA sees none
+    with pytest.raises(RuntimeError, match="2 NVML GPUs"):
+        nvml_index_for_cuda_device(fake, 0)
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(monkeypatch, clock):
+    fake = FakeNvml(h100s(4), clock)
+    fake.nvmlInit()
+    for value, cuda_index, expected in [("3,1", 1, 1), ("2gpu,0", 0, 2), (" 1, 3", 1, 3)]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert nvml_index_for_cuda_device(fake, cuda_index) == expected, value
+    for value in ("1,1", "1,-1,2", "1,x,2", ""):  # repeated: no device; an invalid entry ends the list
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        with pytest.raises(RuntimeError, match="not in CUDA_VISIBLE_DEVICES"):
+            nvml_index_for_cuda_device(fake, 1)
+
+
+def test_ordinals_on_mixed_gpus_need_pci_bus_order(monkeypatch, clock):
+    """NVML counts in PCI bus order; CUDA's default FASTEST_FIRST puts the H100 first on this node."""
+    gpus = [FakeGpu(uuid="GPU-a", name="NVIDIA A10", architecture=NVML_DEVICE_ARCH_AMPERE),
+            FakeGpu(uuid="GPU-b", name="NVIDIA H100 80GB HBM3")]
+    fake = FakeNvml(gpus, clock)
+    fake.nvmlInit()
+    with pytest.raises(RuntimeError, match="CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+        nvml_index_for_cuda_device(fake, 0)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert nvml_index_for_cuda_device(fake, 0) == 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert nvml_index_for_cuda_device(fake, 0) == 1
+
+
+def test_the_uuid_torch_reports_wins_over_the_environment(monkeypatch, clock):
+    fake = FakeNvml(h100s(3), clock)
+    fake.nvmlInit()
+    torch = FakeTorch(clock, device_count=1, uuids=["00000002-1111-2222-3333-444444444444"])
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # says GPU 0; the device really is GPU 2
+    assert nvml_index_for_cuda_device(fake, 0) == 2
+    torch.cuda.uuids[0] = "00000002"  # a prefix of GPU 2's UUID is not its UUID
+    with pytest.raises(RuntimeError, match="no NVML device has"):
+        nvml_index_for_cuda_device(fake, 0)
+
+
+def test_measurement_detects_the_mapped_gpu_and_leaves_nvml_as_it_found_it(monkeypatch, clock):
+    fake = FakeNvml(h100s(2, power_W=400.0), clock)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001")
+    sensors, notes = detect.default_sensors(0, read_host=False)
+    assert notes == [] and [(s.name, s.nvml_index) for s in sensors] == [("gpu1", 1)]
+    assert fake.init_count == 0  # the mapping's nvmlInit was given back
+    sensors[0].open()
+    clock.advance(0.1)
+    assert sensors[0].energy_j() == 40.0
+    assert detect.nvml_index_of_cuda_device(0) == 1 and fake.init_count == 1  # the sensor's, still held
+    sensors[0].close()
+    assert fake.init_count == 0

@@ -1,0 +1,331 @@
+"""The Trainer's one timeline: slow, hung, failing and counter sensors, every logger, every loop and flag.
+
+Single-process fits with simulated sensors of known power (issue 12). The DDP cases live in test_ddp.py
+and test_multinode.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+
+import lightning as L
+import pytest
+
+from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from lightning_energy import EnergyCallback, SimulatedSensor
+
+DEVICE_W, HOST_W = 120.0, 30.0
+POWER_W = DEVICE_W + HOST_W
+
+
+def sensors(**device_kwargs):
+    return [SimulatedSensor("device", DEVICE_W, **device_kwargs), SimulatedSensor("host", HOST_W, scope="host")]
+
+
+def fit(tmp_path, callbacks, logger=None, model=None, **overrides):
+    logger = logger if logger is not None else RecordingLogger(tmp_path)
+    trainer = L.Trainer(callbacks=callbacks, logger=logger, **trainer_kwargs(tmp_path, **overrides))
+    trainer.fit(model or TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    return trainer, logger
+
+
+class ThreadRecording(SimulatedSensor):
+    """Records the thread of every read; ``block`` makes reads wait on an event (a hung driver call)."""
+
+    def __init__(self, *args, block_after_reads: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.readers: list[int] = []
+        self.block_after_reads = block_after_reads
+        self.release = threading.Event()
+
+    def power_w(self):
+        self.readers.append(threading.get_ident())
+        if self.block_after_reads is not None and len(self.readers) > self.block_after_reads:
+            self.release.wait()  # never set during the fit: the read never returns
+        return super().power_w()
+
+
+# ---------------------------------------------------------------------- the training thread never reads
+def test_the_training_thread_never_reads_a_sensor(tmp_path):
+    device = ThreadRecording("device", DEVICE_W)
+    callback = EnergyCallback(sensors=[device], verbose=False)
+    fit(tmp_path, [callback])
+    assert device.readers and threading.get_ident() not in device.readers
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_sensor_never_stalls_training_and_is_flagged(tmp_path):
+    """A read that never returns: the sensor is declared hung, the others go on, training finishes."""
+    device = ThreadRecording("device", DEVICE_W, block_after_reads=3)
+    host = SimulatedSensor("host", HOST_W, scope="host")
+    callback = EnergyCallback(sensors=[device, host], verbose=False, interval_s=0.01)
+    try:
+        with pytest.warns(UserWarning, match="sensor 'device' failed .*did not return"):
+            trainer, _ = fit(tmp_path, [callback], max_epochs=40)
+    finally:
+        device.release.set()
+    assert trainer.current_epoch == 40
+    by_name = {s["name"]: s for s in callback.report["sensors"]}
+    assert "hung" in by_name["device"]["failure"]
+    assert by_name["host"]["failure"] is None
+    # the host sensor kept being sampled by the replacement thread: its energy covers the whole fit
+    assert by_name["host"]["energy_J"] == pytest.approx(HOST_W * callback.report["duration_s"], rel=1e-9)
+    assert callback.report["epochs"][-1]["missing_sensors"] == [{"sensor": "device", "rank": 0}]
+
+
+def test_a_sensor_that_cannot_be_opened_is_warned_about_and_dropped(tmp_path):
+    class Unopenable(SimulatedSensor):
+        def open(self):
+            raise OSError("Permission denied: /sys/class/powercap/intel-rapl:0/energy_uj")
+
+    callback = EnergyCallback(sensors=[Unopenable("rapl", 50.0, scope="host"), SimulatedSensor("device", DEVICE_W)],
+                              verbose=False)
+    with pytest.warns(UserWarning, match="sensor 'rapl' .*could not be opened.*Permission denied"):
+        trainer, _ = fit(tmp_path, [callback])
+    assert trainer.current_epoch == 2
+    assert [s["name"] for s in callback.report["sensors"]] == ["device"]
+    assert any("rapl" in note for note in callback.report["notes"])
+    assert callback.report["total_J"] == pytest.approx(DEVICE_W * callback.report["duration_s"], rel=1e-9)
+
+
+# ---------------------------------------------------------------------- counters and slow sensors
+def test_a_counter_sensor_adds_no_busy_loop(tmp_path):
+    """NVML-like counter (0.1 s updates): waits take no extra samples; the trace has the sampling rate."""
+    counter = SimulatedSensor("device", DEVICE_W, kind="energy", counter_update_period_s=0.1)
+    callback = EnergyCallback(sensors=[counter], verbose=False, interval_s=0.02)
+    began = time.perf_counter()
+    fit(tmp_path, [callback], max_epochs=4)
+    elapsed_s = time.perf_counter() - began  # the sampler runs from set-up to tear-down
+    report = callback.report
+    samples = report["sampling"]["samples"]
+    assert samples <= elapsed_s / 0.02 + 5  # ticks of the thread and nothing more
+    with open(callback.trace_path, newline="") as fh:
+        rows = sum(1 for _ in csv.DictReader(fh))
+    assert rows <= samples
+
+
+def test_reads_respect_each_sensors_minimum_read_interval(tmp_path):
+    """The CPU estimate is read at most every 100 ms: no forced read 1-3 ms after the previous one."""
+
+    class Slow(SimulatedSensor):
+        min_read_interval_s = 0.1
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.read_at: list[float] = []
+
+        def power_w(self):
+            self.read_at.append(time.perf_counter())
+            return super().power_w()
+
+    slow = Slow("cpu_estimate", 40.0, scope="host", estimated=True)
+    callback = EnergyCallback(sensors=[slow], verbose=False, interval_s=0.01)
+    fit(tmp_path, [callback], max_epochs=3)
+    gaps = [b - a for a, b in zip(slow.read_at, slow.read_at[1:])]
+    assert gaps and min(gaps) >= 0.1 - 1e-3
+
+
+# ---------------------------------------------------------------------- loggers
+def test_mlflow_tensorboard_and_csv_loggers_all_get_every_figure(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    loggers = [MLFlowLogger(experiment_name="energy", tracking_uri=f"file:{tmp_path / 'mlruns'}"),
+               TensorBoardLogger(str(tmp_path), name="tb"), CSVLogger(str(tmp_path), name="csv")]
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], logger=loggers, **trainer_kwargs(tmp_path))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    client = loggers[0].experiment
+    run = client.get_run(loggers[0].run_id)
+    for name in ("energy/epoch_J", "energy/sensor/device/epoch_J", "energy/step_J", "energy/val_epoch_J"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert history, name
+    epoch_history = client.get_metric_history(run.info.run_id, "energy/epoch_J")
+    assert [m.value for m in epoch_history] == pytest.approx([e["train_J"] for e in callback.report["epochs"]])
+
+
+def test_no_metric_name_is_a_path_prefix_of_another(tmp_path):
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    fit(tmp_path, [callback], logger)
+    names = {k for _, m in logger.metrics for k in m if k.startswith(("energy/", "power/", "time/", "edp/"))}
+    assert "energy/sensor/device/epoch_J" in names
+    assert not [(a, b) for a in names for b in names if b.startswith(a + "/")]
+
+
+# ---------------------------------------------------------------------- steps
+class Accumulating(TinyRegressor):
+    pass
+
+
+def test_gradient_accumulation_gives_one_step_figure_per_optimizer_step(tmp_path):
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    # 10 batches per epoch, 5 optimizer steps of 2 batches; log every step
+    fit(tmp_path, [callback], logger, max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=1)
+    steps = logger.steps("energy/step_J")
+    assert steps == list(range(10))  # one figure per optimizer step, at Lightning's step numbers
+    loss_steps = sorted({s for s in logger.steps("train/loss")})
+    assert set(steps) <= set(loss_steps)
+    assert [e["steps"] for e in callback.report["epochs"]] == [5, 5]
+    for joules, seconds in zip(logger.values("energy/step_J"), logger.values("time/step_s")):
+        assert joules == pytest.approx(POWER_W * seconds, rel=1e-9)
+
+
+class ProbingCallback(L.Callback):
+    """Not a suite callback: plain extra work inside a step is part of the step (as Lightning times it)."""
+
+
+def test_work_a_suite_callback_adds_inside_a_step_is_a_sub_window_reported_apart(tmp_path):
+    from lightning_energy.integration.base import MeteredCallback
+
+    class Probe(MeteredCallback):
+        def setup(self, trainer, pl_module, stage):
+            self.attach(trainer)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            with self.timeline.extra("probe"):
+                time.sleep(0.02)
+
+    for order in ("energy_first", "probe_first"):
+        logger = RecordingLogger(tmp_path / order)
+        energy = EnergyCallback(sensors=sensors(), verbose=False)
+        callbacks = [energy, Probe()] if order == "energy_first" else [Probe(), energy]
+        fit(tmp_path / order, callbacks, logger, max_epochs=1, log_every_n_steps=1)
+        step_s, extra_s = logger.values("time/step_s"), logger.values("time/extra/probe_s")
+        assert len(step_s) == len(extra_s) == 10
+        assert all(s >= 0.02 for s in extra_s)
+        assert max(step_s) < 0.02  # the probe is never inside the step's figure, in either order
+        assert logger.values("energy/extra/probe_J") == pytest.approx([POWER_W * s for s in extra_s], rel=1e-9)
+        assert energy.report["epochs"][0]["extras_J"]["probe"] == pytest.approx(
+            sum(logger.values("energy/extra/probe_J")), rel=1e-9)
+
+
+# ---------------------------------------------------------------------- loops and flags
+def test_fit_twice_on_one_trainer_continues_the_totals_and_keeps_the_first_trace(tmp_path):
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, max_epochs=1))
+    model = TinyRegressor()
+    trainer.fit(model, tiny_loader(), tiny_loader(n=48))
+    first_total, first_trace = callback.report["total_J"], callback.trace_path
+    trainer.fit_loop.max_epochs = 2
+    trainer.fit(model, tiny_loader(), tiny_loader(n=48))
+    report = callback.report
+    assert report["resumed"]["total_J"] == pytest.approx(first_total)
+    assert report["total_J"] > first_total
+    assert [e["epoch"] for e in report["epochs"]] == [0, 1]
+    totals = logger.values("energy/total_J")
+    assert totals == sorted(totals) and totals[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-12)
+    assert first_trace.exists() and callback.trace_path != first_trace and callback.trace_path.exists()
+    assert report["sampling"]["samples"] <= (report["duration_s"] - first_total / POWER_W) / 0.05 + 5
+
+
+class SlowSteps(TinyRegressor):
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.01)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("flag", [dict(max_steps=3), dict(max_time={"seconds": 0.3}, max_epochs=100)])
+def test_the_last_step_is_logged_when_training_stops(tmp_path, flag):
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    trainer, _ = fit(tmp_path, [callback], logger, model=SlowSteps(), log_every_n_steps=50, **flag)
+    last = trainer.fit_loop.epoch_loop._batches_that_stepped - 1
+    assert last >= 2
+    assert logger.steps("energy/step_J")[-1] == last
+
+
+class Predicting(TinyRegressor):
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+
+class Silent(TinyRegressor):
+    """Logs nothing (``self.log`` warns under ``barebones=True``)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return __import__("torch").nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        return None
+
+
+def test_predict_is_measured(tmp_path):
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path))
+    trainer.predict(Predicting(), tiny_loader(n=48))
+    (seconds,) = logger.values("time/predict_s")
+    assert seconds > 0
+    assert logger.values("energy/predict_J") == pytest.approx([POWER_W * seconds], rel=1e-9)
+    assert callback.loops[-1].kind == "predict"
+
+
+def test_barebones_says_why_nothing_is_logged(tmp_path):
+    callback = EnergyCallback(sensors=sensors(), verbose=False, write_trace=False)
+    trainer = L.Trainer(callbacks=[callback], barebones=True, max_epochs=1, accelerator="cpu", devices=1,
+                        default_root_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match="barebones=True.*no step or epoch figure is logged"):
+        trainer.fit(Silent(), tiny_loader(), tiny_loader(n=48))
+    assert callback.report["total_J"] > 0
+
+
+def test_a_sensor_failing_after_the_last_epoch_end_is_warned_about(tmp_path):
+    class Breaking(SimulatedSensor):
+        broken = False
+
+        def power_w(self):
+            if self.broken:
+                raise RuntimeError("driver went away")
+            return super().power_w()
+
+    device = Breaking("device", DEVICE_W)
+
+    class BreakAtTheEnd(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            device.broken = True
+
+    callback = EnergyCallback(sensors=[device], verbose=False)
+    with pytest.warns(UserWarning, match="sensor 'device' failed .*driver went away"):
+        fit(tmp_path, [callback, BreakAtTheEnd()])
+    (row,) = callback.report["sensors"]
+    assert "driver went away" in row["failure"]
+
+
+def test_epoch_figures_do_not_wait_for_samples(tmp_path):
+    """An epoch end places one mark: its figures arrive a few steps later, exact, at the epoch's step."""
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False, interval_s=0.2)  # samples far apart
+    waits, training = [], threading.Event()
+    from lightning_energy.meter import Meter
+
+    original = Meter.wait
+
+    def recording_wait(self, mark, timeout_s=None):
+        if training.is_set():
+            waits.append(mark)
+        return original(self, mark, timeout_s)
+
+    class Training(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            training.set()
+
+        def on_train_end(self, trainer, pl_module):
+            training.clear()
+
+    Meter.wait = recording_wait
+    try:
+        fit(tmp_path, [callback, Training()], logger, max_epochs=3)
+    finally:
+        Meter.wait = original
+    assert waits == []  # no wait at any epoch end (only at the fit's end)
+    epoch_steps = logger.steps("energy/epoch_J")
+    assert epoch_steps == [10, 20, 30]
+    for row in callback.report["epochs"]:
+        assert row["train_J"] == pytest.approx(POWER_W * row["train_s"], rel=1e-9)
