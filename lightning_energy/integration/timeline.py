@@ -55,7 +55,8 @@ class StepFigures:
     log: bool
     measurement: Measurement
     extras: dict[str, Measurement]
-    end: Mark  # the step's resolved end mark (cumulative J per sensor at the step's end)
+    start: Mark  # the step's resolved start and end marks (cumulative J per sensor there): a window over
+    end: Mark    # several steps, from one step's start to a later one's, is ``measure(a.start, b.start)``
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,7 @@ class Timeline:
                 epoch.steps_J += net.total_J
                 for name, m in extras.items():
                     epoch.step_extras_J[name] = epoch.step_extras_J.get(name, 0.0) + m.total_J
-            figures = StepFigures(step_number, step.epoch, step.batches, log, net, extras, end)
+            figures = StepFigures(step_number, step.epoch, step.batches, log, net, extras, step.start, end)
             for listener in list(self.listeners):
                 listener.on_step_measured(trainer, figures)
         while self._pending_epochs and self._epoch_ready(self._pending_epochs[0]):
