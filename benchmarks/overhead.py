@@ -27,7 +27,12 @@ The per-step hooks of ``EnergyCallback`` (and of the Zeus callback) are wrapped 
 excludes the cost that the background sampling thread imposes on the training thread (GIL, cache,
 a shared core): that cost shows only in the step-time ratio.
 
-Goals (from the issue): step-time ratio ``energy``/``plain`` <= 1.01; callback time <= 50 us per step.
+Goals (from the issues): step-time ratio ``energy``/``plain`` <= 1.01; callback time <= 50 us per step.
+
+A second part trains ``--epochs`` epochs of ONE batch each (Baler's CFD example has one batch per epoch),
+``plain`` and ``energy`` interleaved, and reports the fit's wall-time ratio (goal <= 1.1) and the time of
+``EnergyCallback``'s ``on_train_epoch_end`` on the training thread (goal <= 2 ms, median): epoch figures
+are delivered once the samples cover them, without waiting, and the power figure is drawn off the thread.
 When either goal is not met (``--profile auto``), one extra fit profiles the callback's hooks with cProfile.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/overhead.py [--reps 5] [--steps 400]``.
@@ -81,6 +86,8 @@ WARMUP_STEPS = 25  # steps per fit left out of the step-time statistics
 
 GOAL_RATIO = 1.01  # energy / plain median step time
 GOAL_CALLBACK_US = 50.0  # EnergyCallback's own time on the training thread, us per step
+GOAL_EPOCH_RATIO = 1.1  # one-batch epochs: wall time with EnergyCallback / without
+GOAL_EPOCH_END_US = 2000.0  # EnergyCallback's on_train_epoch_end on the training thread, us (median)
 CONFIGS = ("plain", "energy", "sampler", "codecarbon", "zeus")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 
@@ -216,12 +223,19 @@ class TimedEnergyCallback(HookTimer, EnergyCallback):
         self._hook_timer_init()
 
 
+def _no_boundary(self, *args: Any, **kwargs: Any) -> None:
+    """A hook that does nothing, not even report the step boundary to the timeline."""
+
+
+_no_boundary._reports_boundary = True  # keeps MeteredCallback from wrapping it with the timeline's boundary
+
+
 class SamplerOnlyEnergyCallback(EnergyCallback):
     """``EnergyCallback`` without per-step hooks: its sampling thread runs, the training thread does nothing
-    of ours per step (the base class's no-op hooks, which Lightning calls for every callback anyway)."""
+    of ours per step (no step boundaries placed, as with Lightning's no-op hooks)."""
 
-    on_train_batch_start = Callback.on_train_batch_start
-    on_train_batch_end = Callback.on_train_batch_end
+    on_train_batch_start = _no_boundary
+    on_train_batch_end = _no_boundary
 
 
 class ZeusWindowPerStep(Callback):
@@ -422,6 +436,92 @@ def profile_energy_hooks(steps: int, tools: dict[str, Any], top: int = 25) -> st
     return out.getvalue()
 
 
+# ------------------------------------------------------------------------------------------ one-batch epochs
+class EpochHookTimer(TimedEnergyCallback):
+    """``EnergyCallback`` with every hook's training-thread time summed per epoch (ns): the epoch end
+    (``on_train_epoch_end``, where figures used to be waited for and drawn) and all hooks of the epoch."""
+
+    def _hook_timer_init(self) -> None:
+        super()._hook_timer_init()
+        self.epoch_end_ns: list[int] = []
+        self.epoch_hooks_ns: list[int] = []
+        self._epoch_ns = 0
+
+    def on_train_epoch_start(self, *args: Any, **kwargs: Any) -> None:
+        t0 = time.perf_counter_ns()
+        super().on_train_epoch_start(*args, **kwargs)
+        self._epoch_ns = time.perf_counter_ns() - t0
+
+    def on_train_epoch_end(self, *args: Any, **kwargs: Any) -> None:
+        t0 = time.perf_counter_ns()
+        super().on_train_epoch_end(*args, **kwargs)
+        end_ns = time.perf_counter_ns() - t0
+        steps_ns = self.hook_ns_per_step[-1] if self.hook_ns_per_step else 0
+        self.epoch_end_ns.append(end_ns)
+        self.epoch_hooks_ns.append(self._epoch_ns + steps_ns + end_ns)
+
+
+def fit_one_batch_epochs(config: str, epochs: int, batches: Batches) -> dict[str, Any]:
+    """``epochs`` epochs of one batch each (Baler's CFD example: 60 frames, one batch): wall time of the fit
+    loop (s) and, with EnergyCallback, its hooks' time per epoch (us)."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    callbacks: list[Callback] = []
+    timed = None
+    if config == "energy":
+        timed = EpochHookTimer(verbose=False)
+        callbacks.append(timed)
+    with tempfile.TemporaryDirectory(prefix="le_epochs_") as tmp:
+        trainer = Trainer(
+            accelerator="cpu", devices=1, max_epochs=epochs, logger=TensorBoardLogger(tmp, name="bench"),
+            callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False, log_every_n_steps=50, num_sanity_val_steps=0,
+        )
+        started = time.perf_counter()
+        trainer.fit(model, train_dataloaders=batches)
+        wall_s = time.perf_counter() - started
+    result: dict[str, Any] = {"wall_s": wall_s}
+    if timed is not None:
+        end_us = [ns * 1e-3 for ns in timed.epoch_end_ns[WARMUP_STEPS:]]
+        all_us = [ns * 1e-3 for ns in timed.epoch_hooks_ns[WARMUP_STEPS:]]
+        result.update(epoch_end_us_median=statistics.median(end_us), epoch_end_us_max=max(end_us),
+                      epoch_end_us_mean=statistics.fmean(end_us), epoch_hooks_us_mean=statistics.fmean(all_us))
+    return result
+
+
+def run_epoch_benchmark(reps: int, epochs: int) -> dict[str, Any]:
+    """``plain`` and ``energy`` one-batch-epoch fits interleaved (order alternating); medians and ratios."""
+    batches = make_batches(1)
+    raw: dict[str, list[dict[str, Any]]] = {"plain": [], "energy": []}
+    for rep in range(reps):
+        for config in rotated(["plain", "energy"], rep):
+            raw[config].append(fit_one_batch_epochs(config, epochs, batches))
+            print(f"  one-batch epochs rep {rep + 1}/{reps} {config:<7} {raw[config][-1]['wall_s']:.2f} s", flush=True)
+    ratios = [e["wall_s"] / p["wall_s"] for p, e in zip(raw["plain"], raw["energy"])]
+    energy = raw["energy"]
+    return {
+        "epochs": epochs, "reps": reps,
+        "plain_wall_s_median": statistics.median(r["wall_s"] for r in raw["plain"]),
+        "energy_wall_s_median": statistics.median(r["wall_s"] for r in energy),
+        "wall_ratio_median": statistics.median(ratios),
+        "epoch_end_us_median": statistics.median(r["epoch_end_us_median"] for r in energy),
+        "epoch_end_us_max": max(r["epoch_end_us_max"] for r in energy),
+        "epoch_hooks_us_mean": statistics.median(r["epoch_hooks_us_mean"] for r in energy),
+        "raw": raw,
+    }
+
+
+def format_epoch_table(e: dict[str, Any]) -> str:
+    return "\n".join([
+        f"one-batch epochs: {e['epochs']} epochs x {e['reps']} reps (plain and energy interleaved)",
+        f"{'config':<8} {'median wall s':>13} {'ratio':>7} {'epoch end us (median)':>21} {'(max)':>9} "
+        f"{'all hooks us/epoch':>18}",
+        f"{'plain':<8} {e['plain_wall_s_median']:>13.2f} {1.0:>7.3f}",
+        f"{'energy':<8} {e['energy_wall_s_median']:>13.2f} {e['wall_ratio_median']:>7.3f} "
+        f"{e['epoch_end_us_median']:>21.1f} {e['epoch_end_us_max']:>9.1f} {e['epoch_hooks_us_mean']:>18.1f}",
+    ])
+
+
 # ------------------------------------------------------------------------------------------ output
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     """The console table: medians over repetitions."""
@@ -498,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5, help="repetitions of the interleaved round (default 5)")
     parser.add_argument("--steps", type=int, default=400, help="training steps per fit (default 400)")
+    parser.add_argument("--epochs", type=int, default=2000,
+                        help="one-batch epochs per fit in the epoch-end benchmark (default 2000; 0 skips it)")
+    parser.add_argument("--epoch-reps", type=int, default=3, help="repetitions of the epoch-end benchmark")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                         help="cProfile EnergyCallback's hooks in one extra fit (auto: if either goal is not met)")
@@ -549,6 +652,19 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
 
+    epochs = None
+    if args.epochs > 0:
+        print(f"\none-batch epochs: {args.epoch_reps} reps x 2 configs x {args.epochs} epochs", flush=True)
+        epochs = run_epoch_benchmark(args.epoch_reps, args.epochs)
+        goals["one_batch_epoch_wall_ratio"] = {"goal_max": GOAL_EPOCH_RATIO, "measured": epochs["wall_ratio_median"],
+                                               "met": epochs["wall_ratio_median"] <= GOAL_EPOCH_RATIO}
+        goals["epoch_end_us"] = {"goal_max": GOAL_EPOCH_END_US, "measured": epochs["epoch_end_us_median"],
+                                 "met": epochs["epoch_end_us_median"] <= GOAL_EPOCH_END_US}
+        print(format_epoch_table(epochs))
+        for name in ("one_batch_epoch_wall_ratio", "epoch_end_us"):
+            g = goals[name]
+            print(f"goal {name}: {g['measured']:.4g} <= {g['goal_max']:g}: {'met' if g['met'] else 'NOT met'}")
+
     profile = None
     if args.profile == "always" or (args.profile == "auto" and not all(g["met"] for g in goals.values())):
         profile = profile_energy_hooks(args.steps, tools)
@@ -572,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": goals,
         "summary": summary,
         "overhead_split": split,
+        "one_batch_epochs": epochs,
         "raw": raw,
         "notes": notes,
         "machine": {**machine_info(), "loadavg_1_5_15min_start": load_start,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_energy.clocks import HostClock
+from lightning_energy.series import bound_between
 
 
 class Mark:
@@ -25,12 +26,13 @@ class Mark:
     ``extrapolated_sensors``: sensors extrapolated past their last sample because a wait ran out.
     """
 
-    __slots__ = ("t", "token", "energy", "extrapolated", "extrapolated_sensors", "stale")
+    __slots__ = ("t", "token", "energy", "bounds", "extrapolated", "extrapolated_sensors", "stale")
 
     def __init__(self, token: Any, t: float | None) -> None:
         self.token = token
         self.t = t
         self.energy: dict[str, float | None] | None = None
+        self.bounds: dict[str, Any] = {}  # per sensor, what the samples tell of the energy here (series.EdgeBound)
         self.extrapolated = False
         self.extrapolated_sensors: tuple[str, ...] = ()  # sensors whose samples did not reach ``t`` in time
         self.stale: tuple[str, ...] = ()
@@ -53,6 +55,7 @@ class Measurement:
     energy_J: dict[str, float]
     missing: tuple[str, ...] = ()
     extrapolated: bool = False
+    bound_J: float = math.nan  # attribution bound of total_J (series.bound_between, summed; inf: an edge extrapolated)
 
     @property
     def duration_s(self) -> float:
@@ -82,7 +85,8 @@ def measure(start: Mark, end: Mark) -> Measurement:
         energy[name] = e_end - e_start
         if name in end.stale or name in end.extrapolated_sensors or name in start.extrapolated_sensors:
             missing.append(name)
-    return Measurement(start.t, end.t, energy, tuple(missing), start.extrapolated or end.extrapolated)
+    bound = sum(bound_between(start.bounds.get(n), end.bounds.get(n)) for n in energy) if energy else 0.0
+    return Measurement(start.t, end.t, energy, tuple(missing), start.extrapolated or end.extrapolated, bound)
 
 
 @dataclass
@@ -202,6 +206,7 @@ class Meter:
                     energy[name] = None
                 elif s.covers(mark.t):
                     energy[name] = s.energy_at(mark.t)
+                    mark.bounds[name] = s.edge_bound(mark.t)
                 elif not s.live:
                     energy[name] = s.last_energy_J
                     stale.append(name)

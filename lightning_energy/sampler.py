@@ -299,7 +299,7 @@ class Sampler:
                 if error is not None:
                     self._fail(series, error, t)
                     continue
-                energy = series.energies[-1] if series.times[-1] == t else math.nan
+                energy = series.trace_energy_J  # the counter as read (its points sit at update times)
                 readings.append(Reading(series.name, energy, series.power_w, series.fields))
             self.samples_taken += 1
             listeners = list(self._listeners) if readings else []

@@ -97,7 +97,11 @@ class CounterPhase:
             if len(recent) < PHASE_MIN_AGREEING or any(recent):
                 if 2 * sum(self._agrees) >= len(self._agrees):
                     return  # an odd update (late, skipped): the estimate stands
-        self._agrees.clear()  # a first estimate, or the recent updates moved away from it: start afresh
+            # the schedule moved: start afresh from the updates that left the old estimate
+            arcs = list(self._arcs)[-PHASE_MIN_AGREEING:]
+            self._arcs.clear()
+            self._arcs.extend(arcs)
+        self._agrees.clear()
         self._set(self._deepest())
 
     def _set(self, region: tuple[float, float] | None) -> None:

@@ -21,7 +21,7 @@ FIGURE_TAG = "power/trace"
 # At most this fraction of the wall time since the first epoch end goes into drawing figures (the
 # drawing thread shares the interpreter lock with training): an epoch whose figure would exceed it
 # gets none. Epochs of seconds or more all get their figure; thousands of millisecond epochs do not.
-FIGURE_BUDGET = 0.05
+FIGURE_BUDGET = 0.01
 
 
 class EpochPowerRecorder:

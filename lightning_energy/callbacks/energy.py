@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 import warnings
@@ -332,6 +333,9 @@ class EnergyCallback(MeteredCallback):
             "edp_Js": epoch_J * epoch_s, "steps": figures.steps, "steps_J": figures.steps_J,
             "between_steps_J": epoch_J - figures.steps_J, "validation_J": figures.validation_J,
             "per_sensor_J": dict(figures.energy_J), "total_J": self._resumed_total_J() + figures.fit_J,
+            # how far the samples let the attribution be off (J): the bound of series.window_bound_J, null
+            # where not computed (DDP) or not finite (an extrapolated edge)
+            "bound_J": figures.bound_J if math.isfinite(figures.bound_J) else None,
             **({"extras_J": dict(figures.extras_J)} if figures.extras_J else {}),
             **({"zeus_J": zeus_J} if zeus_J is not None else {}),
             **({"missing_sensors": list(figures.missing)} if figures.missing else {}),

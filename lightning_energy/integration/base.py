@@ -132,7 +132,8 @@ class MeteredCallback(Callback):
         """
         if trainer.is_global_zero and metrics:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+                if not _tensorboard_event(logger, metrics, step):
+                    logger.log_metrics(metrics, step=step)
 
     # ------------------------------------------------------------------ argument checks
     @staticmethod
@@ -158,6 +159,22 @@ class MeteredCallback(Callback):
     @staticmethod
     def warn(message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
+    """Write ``metrics`` to a TensorBoard logger as ONE event of several scalars (the same tags and step as
+    its ``log_metrics``, which writes one event per scalar: ~80 us each here, the bulk of a one-batch
+    epoch's cost). False when ``logger`` is not Lightning's TensorBoardLogger."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    if type(logger) is not TensorBoardLogger:
+        return False
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    prefix = f"{logger._prefix}{logger.LOGGER_JOIN_CHAR}" if logger._prefix else ""
+    values = [Summary.Value(tag=f"{prefix}{name}", simple_value=float(value)) for name, value in metrics.items()]
+    logger.experiment._get_file_writer().add_summary(Summary(value=values), step)
+    return True
 
 
 # the base's own boundary hooks: every suite callback reports every boundary

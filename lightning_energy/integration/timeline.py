@@ -73,6 +73,7 @@ class LoopFigures:
     end_s: float
     missing: tuple[dict, ...] = ()
     extrapolated: bool = False
+    bound_J: float = math.nan  # attribution bound of total_J (J); nan: not computed (DDP)
 
     @property
     def total_J(self) -> float:
@@ -107,6 +108,7 @@ class EpochFigures:
     missing: tuple[dict, ...] = ()
     extrapolated: bool = False
     resumed_mid_epoch: bool = False
+    bound_J: float = math.nan  # attribution bound of total_J (J); nan: not computed (DDP), inf: an edge extrapolated
 
     @property
     def total_J(self) -> float:
@@ -362,7 +364,8 @@ class Timeline:
     def _local_loop_figures(self, loop: _Loop) -> LoopFigures:
         m = measure(loop.start, loop.end)
         return LoopFigures(loop.kind, loop.epoch, loop.step, loop.fitting, dict(m.energy_J), m.duration_s,
-                           m.start_s, m.end_s, tuple({"sensor": n, "rank": 0} for n in m.missing), m.extrapolated)
+                           m.start_s, m.end_s, tuple({"sensor": n, "rank": 0} for n in m.missing), m.extrapolated,
+                           m.bound_J)
 
     def _local_epoch_figures(self, epoch: _Epoch) -> EpochFigures:
         window = measure(epoch.start, epoch.end)
@@ -376,8 +379,10 @@ class Timeline:
             extras[name] = extras.get(name, 0.0) + measure(start, end).total_J
         fit_J = measure(self.fit_start, epoch.end).total_J if self.fit_start is not None else window.total_J
         missing = tuple({"sensor": n, "rank": 0} for n in window.missing)
+        bound = window.bound_J + sum(loop.bound_J for loop in loops)
         return EpochFigures(epoch.epoch, epoch.step, energy, duration, tuple(loops), epoch.steps, epoch.steps_J,
-                            extras, fit_J, window.start_s, window.end_s, missing, window.extrapolated, epoch.resumed_mid_epoch)
+                            extras, fit_J, window.start_s, window.end_s, missing, window.extrapolated,
+                            epoch.resumed_mid_epoch, bound)
 
     def _energy_of(self, mark: Mark, now: float) -> tuple[dict, float]:
         """(cumulative J per sensor, time s) at ``mark``: its own figures once resolved, else from the samples

@@ -1,0 +1,405 @@
+"""The attribution rule of one sensor's series: counter updates at their update times, bounds, edge cases.
+
+Every series is fed by hand on made-up times (no clock, no thread): a counter that integrates a known
+power trace and updates on its own schedule (NVML's energy counter: every 0.1 s, unknown phase), and
+power sensors sampled at known times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+
+import pytest
+
+from lightning_energy import series as series_module
+from lightning_energy.sensors.base import Sensor
+from lightning_energy.series import SensorSeries
+
+T0 = 1000.0  # where the sampler's clock happens to be
+PERIOD = 0.1
+PHASE = 0.037  # the card updates its counter at T0 + 0.037 + k * 0.1
+STALE_REACH = 2 * PERIOD + 0.06  # a quiet counter's last point is at most this far behind the last read
+
+
+class CounterSensor(Sensor):
+    def __init__(self, period: float | None = PERIOD) -> None:
+        super().__init__("gpu", "device")
+        self.counter_update_period_s = period
+
+    def energy_j(self) -> float:
+        raise AssertionError("fed by hand")
+
+
+class PowerSensor(Sensor):
+    def __init__(self) -> None:
+        super().__init__("cpu", "host")
+
+    def power_w(self) -> float:
+        raise AssertionError("fed by hand")
+
+
+class Trace:
+    """Piecewise-constant power ``[(t, watts), ...]`` (t relative to T0) and its exact integral."""
+
+    def __init__(self, steps: list[tuple[float, float]]) -> None:
+        self.starts = [T0 + t for t, _ in steps]
+        self.watts = [w for _, w in steps]
+        self.cumulative = [0.0]
+        for i in range(1, len(steps)):
+            self.cumulative.append(self.cumulative[-1] + (self.starts[i] - self.starts[i - 1]) * self.watts[i - 1])
+
+    def power(self, t: float) -> float:
+        return self.watts[max(bisect.bisect_right(self.starts, t) - 1, 0)]
+
+    def energy(self, t: float) -> float:
+        i = bisect.bisect_right(self.starts, t) - 1
+        assert i >= 0, "before the trace"
+        return self.cumulative[i] + (t - self.starts[i]) * self.watts[i]
+
+
+class Counter:
+    """An NVML-like counter: the exact integral of ``trace`` as of its latest update at or before ``t``."""
+
+    def __init__(self, trace: Trace, updates: list[float]) -> None:
+        self.trace = trace
+        self.updates = sorted(updates)
+
+    def read(self, t: float) -> float:
+        i = bisect.bisect_right(self.updates, t) - 1
+        return self.trace.energy(self.updates[i])
+
+
+def schedule(period: float = PERIOD, phase: float = PHASE, until: float = 10.0) -> list[float]:
+    return [T0 + phase + k * period for k in range(-3, int(until / period) + 3)]
+
+
+def drifting_reads(n: int, start: float = 0.0005, interval: float = 0.0505) -> list[float]:
+    """A sampler reading every 50.5 ms (50 ms plus a tick's cost): its phase sweeps the counter's period,
+    1 ms per two reads."""
+    return [T0 + start + interval * i for i in range(n)]
+
+
+def feed(series: SensorSeries, counter: Counter, reads: list[float]) -> None:
+    for t in reads:
+        series.add_reading(t, counter.read(t))
+
+
+def window_bound_J(series: SensorSeries, start_s: float, end_s: float) -> float:
+    return series_module.window_bound_J(series, start_s, end_s)  # looked up here: one test fails at a time
+
+
+def nearest(values: list[float], t: float) -> float:
+    return min(values, key=lambda v: abs(v - t))
+
+
+# ---------------------------------------------------------------------------------------- counter phase
+def test_counter_updates_are_placed_at_their_update_times():
+    trace = Trace([(-1.0, 100.0), (4.237, 300.0), (4.537, 50.0), (4.837, 200.0)])  # changes at updates
+    updates = schedule()
+    counter = Counter(trace, updates)
+    series = SensorSeries(CounterSensor())
+    reads = drifting_reads(120)
+    feed(series, counter, reads)
+    # windows aligned with the card's updates, across power changes of 250 W at 300 ms
+    for a, b in [(4.237, 4.537), (4.537, 4.837), (4.137, 4.937)]:
+        a, b = T0 + a, T0 + b
+        exact = trace.energy(b) - trace.energy(a)
+        figure = series.energy_at(b) - series.energy_at(a)
+        # only the placement (≤ 0.5 ms) can move it: at most 0.5 ms × the power swing at each edge
+        assert figure == pytest.approx(exact, abs=2 * 0.5e-3 * 250.0)
+    placed = [t for t in series.times if t > T0 + 4.0]
+    assert len(placed) >= 15
+    for t in placed:
+        assert abs(t - nearest(updates, t)) <= 0.5e-3
+    # between two points the figure is the counter's own: exact over the updates they stand for
+    i, j = series.times.index(placed[0]), series.times.index(placed[-1])
+    start, end = nearest(updates, placed[0]), nearest(updates, placed[-1])
+    assert series.energies[j] - series.energies[i] == pytest.approx(trace.energy(end) - trace.energy(start), rel=1e-12)
+    phase = series.phase
+    assert phase.pinned
+    # the reads closest to the update on either side were 1 ms apart: the phase is known within 0.5 ms;
+    # the interval it claims holds the true phase (it widens as time passes, to follow a drifting card)
+    assert phase.center_s == pytest.approx(PHASE, abs=0.5e-3)
+    assert abs(phase.center_s - PHASE) <= phase.half_width_s < 0.01
+    for a, b in [(4.237, 4.537), (4.537, 4.837), (4.137, 4.937)]:
+        a, b = T0 + a, T0 + b
+        assert abs(series.energy_at(b) - series.energy_at(a) - (trace.energy(b) - trace.energy(a))) <= window_bound_J(
+            series, a, b)
+
+
+def test_phase_from_jittered_reads_matches_the_true_one_within_the_jitter():
+    rng = random.Random(12)
+    trace = Trace([(-1.0, 80.0), (2.0, 240.0), (2.5, 120.0)])
+    updates = schedule()
+    counter = Counter(trace, updates)
+    # reads every 50 ms jittered by ±20 ms: some fall just before the update, some just after
+    series = SensorSeries(CounterSensor())
+    feed(series, counter, [T0 + 0.05 * i + rng.uniform(-0.02, 0.02) for i in range(100)])
+    assert all(abs(t - nearest(updates, t)) <= 1e-3 for t in series.times[-10:])
+    phase = series.phase
+    assert phase.pinned and abs(phase.center_s - PHASE) <= 1e-3 and phase.half_width_s <= 2e-3 + phase.tolerance_s
+    # reads jittered by 12 ms never come near the update: the phase is only known to lie between the
+    # closest of them (38 ms apart), and the estimate says so
+    series = SensorSeries(CounterSensor())
+    feed(series, counter, [T0 + 0.05 * i + rng.uniform(0.0, 0.012) for i in range(100)])
+    phase = series.phase
+    assert phase.pinned and 0.015 <= phase.half_width_s <= 0.022
+    assert abs(phase.center_s - PHASE) <= phase.half_width_s
+    late_points = [t for t in series.times if t > T0 + 2.0]
+    assert all(abs(t - nearest(updates, t)) <= phase.window_s() for t in late_points)
+
+
+def test_an_update_is_seen_at_the_read_until_the_phase_is_pinned_down():
+    trace = Trace([(-1.0, 100.0)])
+    counter = Counter(trace, schedule())
+    series = SensorSeries(CounterSensor())
+    reads = [T0 + 0.01 + 0.05 * i for i in range(6)]  # updates at .037, .137, ...: seen at .060, .160, ...
+    feed(series, counter, reads[:3])
+    assert not series.phase.pinned
+    assert series.times == [reads[0], reads[1]]  # the first reading, then the move seen at 0.060
+    assert series.update_early[1] == reads[0] and series.update_late[1] == reads[1]
+    assert not series.covers(reads[2])  # the counter has not moved since: 0.110 is not known yet
+    assert series.energy_at(reads[2]) is None
+
+
+def test_covers_only_once_an_update_after_the_time_is_placed():
+    trace = Trace([(-1.0, 100.0)])
+    updates = schedule()
+    counter = Counter(trace, updates)
+    series = SensorSeries(CounterSensor())
+    reads = drifting_reads(100)
+    feed(series, counter, reads[:-1])
+    before = series.energies[-1]
+    while counter.read(reads[-1]) == before:  # end on a read that sees the counter move
+        reads[-1] += 0.01
+    series.add_reading(reads[-1], counter.read(reads[-1]))
+    last_update = series.times[-1]
+    assert last_update < reads[-1]  # the move was seen after the card made it
+    assert not series.covers(reads[-1])  # what happened since the update is in the next one
+    assert series.energy_at(reads[-1]) is None
+    assert series.covers(last_update) and not series.covers(last_update + 1e-6)
+    assert series.energy_at(last_update) == series.energies[-1]
+    assert series.phase.pinned and series.last_read_s == reads[-1]
+
+
+def test_phase_survives_a_missed_and_a_late_update():
+    trace = Trace([(-1.0, 100.0), (5.0, 250.0)])
+    updates = schedule()
+    skipped = T0 + PHASE + 5.0  # the card skips this update: the next one carries two periods
+    late = T0 + PHASE + 5.5  # this one comes 30 ms late
+    card = [u for u in updates if u != pytest.approx(skipped)]
+    card = [u + 0.03 if u == pytest.approx(late) else u for u in card]
+    counter = Counter(trace, card)
+    series = SensorSeries(CounterSensor())
+    feed(series, counter, drifting_reads(160))
+    times, energies = series.times, series.energies
+    # the skipped update looks like an idle period (a point on schedule, no energy), then the next one
+    # lands on schedule with both periods' energy
+    i = min(range(len(times)), key=lambda k: abs(times[k] - skipped))
+    assert times[i] == pytest.approx(skipped, abs=0.5e-3) and energies[i] == energies[i - 1]
+    assert times[i + 1] == pytest.approx(skipped + PERIOD, abs=0.5e-3)
+    assert energies[i + 1] == pytest.approx(trace.energy(skipped + PERIOD))
+    # the late one is off schedule: placed at the read that saw it; the next ones are on schedule again
+    late_i = bisect.bisect_right(times, late)
+    assert late + 0.03 <= times[late_i] <= late + 0.03 + 0.051
+    assert energies[late_i] == pytest.approx(trace.energy(late + 0.03))
+    for t in times[late_i + 1:]:
+        assert abs(t - nearest(updates, t)) <= 0.5e-3
+    assert all(b > a for a, b in zip(times, times[1:]))
+    assert all(b >= a for a, b in zip(energies, energies[1:]))
+    # long windows stay exact up to the placement; the bound holds across the odd updates
+    a, b = T0 + 4.537, T0 + 6.037
+    assert series.energy_at(b) - series.energy_at(a) == pytest.approx(trace.energy(b) - trace.energy(a), abs=0.5)
+    for a, b in [(4.9, 5.3), (5.05, 5.15), (5.4, 5.7), (4.0, 7.0)]:
+        a, b = T0 + a, T0 + b
+        error = abs(series.energy_at(b) - series.energy_at(a) - (trace.energy(b) - trace.energy(a)))
+        assert error <= window_bound_J(series, a, b) + 1e-9
+    phase = series.phase
+    assert phase.pinned and phase.center_s == pytest.approx(PHASE, abs=0.5e-3)
+
+
+def test_phase_follows_a_schedule_that_moves_or_drifts():
+    trace = Trace([(-1.0, 100.0)])
+    # the card's schedule jumps by 40 ms at 5 s (say, a driver reset): the estimate starts afresh
+    moved = [u for u in schedule(until=12.0) if u < T0 + 5.0]
+    moved += [u for u in schedule(phase=PHASE + 0.04, until=12.0) if u > T0 + 5.0]
+    series = SensorSeries(CounterSensor())
+    feed(series, Counter(trace, moved), drifting_reads(230))
+    late = [t for t in series.times if t > T0 + 9.0]
+    assert late and all(abs(t - nearest(moved, t)) <= 1e-3 for t in late)
+    assert series.phase.center_s == pytest.approx(PHASE + 0.04, abs=1e-3)
+    # a card whose period is 200 ppm longer than the nominal 0.1 s: the phase drifts 20 us per update
+    slow = [T0 + PHASE + k * 0.10002 for k in range(-3, 130)]
+    series = SensorSeries(CounterSensor())
+    feed(series, Counter(trace, slow), drifting_reads(230))
+    assert series.phase.pinned
+    late = [t for t in series.times if t > T0 + 9.0]
+    assert late and all(abs(t - nearest(slow, t)) <= 2 * series.phase.tolerance_s for t in late)
+
+
+def test_a_counter_that_stops_reads_zero_power_and_keeps_resolving():
+    trace = Trace([(-1.0, 150.0), (5.037, 0.0)])  # the device goes idle at an update
+    updates = schedule()
+    counter = Counter(trace, updates)
+    series = SensorSeries(CounterSensor())
+    reads = drifting_reads(180)
+    feed(series, counter, reads)
+    idle = [t for t in series.times if t > T0 + 5.1]
+    assert idle, "an idle counter still gets points"
+    # on schedule (the update it skipped), spaced by at most two periods, never past the reads
+    for t in idle:
+        assert abs(t - nearest(updates, t)) <= 0.5e-3
+    assert all(b - a <= 2 * PERIOD + 1e-9 for a, b in zip(idle, idle[1:]))
+    assert series.times[-1] <= reads[-1] and series.covers(reads[-1] - STALE_REACH)
+    a, b = T0 + 5.2, series.times[-1] - 0.05
+    assert series.energy_at(b) - series.energy_at(a) == 0.0
+    assert series.power_w == 0.0
+    assert series.energy_at(T0 + 5.037) == pytest.approx(trace.energy(T0 + 5.037), abs=150.0 * 0.5e-3)
+    assert window_bound_J(series, a, b) == 0.0  # a counter that did not move: no doubt at all
+    assert series.phase.pinned
+
+
+def test_reads_slower_than_the_counter_say_nothing_of_its_phase():
+    trace = Trace([(-1.0, 100.0), (3.0, 200.0)])
+    updates = schedule()
+    series = SensorSeries(CounterSensor())
+    reads = [T0 + 0.013 + 0.25 * i for i in range(30)]  # every 250 ms: several updates between two reads
+    feed(series, Counter(trace, updates), reads)
+    assert series.times == reads  # every read sees a move: each point at its read, as before
+    assert not series.phase.pinned
+    # the value read is that of the last update, within one period before the read
+    assert all(t - PERIOD <= e <= t for e, t in zip(series.update_early[1:], series.times[1:]))
+    for a, b in [(1.0, 2.0), (2.9, 3.2), (0.5, 6.5)]:
+        a, b = T0 + a, T0 + b
+        error = abs(series.energy_at(b) - series.energy_at(a) - (trace.energy(b) - trace.energy(a)))
+        assert error <= window_bound_J(series, a, b) + 1e-9
+
+
+def test_counter_checks_are_kept():
+    series = SensorSeries(CounterSensor())
+    series.add_reading(T0, 10.0)
+    series.add_reading(T0 + 0.05, 12.0)
+    with pytest.raises(ValueError, match="went backwards"):
+        series.add_reading(T0 + 0.1, 11.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        series.add_reading(T0 + 0.15, math.nan)
+    power = SensorSeries(PowerSensor())
+    with pytest.raises(ValueError, match="negative"):
+        power.add_reading(T0, -1.0)
+
+
+def test_a_counter_without_a_period_keeps_every_reading_at_its_time():
+    series = SensorSeries(CounterSensor(period=None))
+    for i, value in enumerate([5.0, 5.0, 7.0, 7.5]):
+        series.add_reading(T0 + 0.05 * i, value)
+    assert series.times == [T0 + 0.05 * i for i in range(4)]
+    assert series.power_w == pytest.approx(10.0)
+    assert series.phase is None
+    assert series.trace_energy_J == 7.5
+    # exact at every reading: an edge between two readings is bracketed by them
+    # true energy at 0.075 in [5, 7], at 0.15 exactly 7.5: the window holds 0.5 to 2.5 J, the figure 1.5 J
+    assert window_bound_J(series, T0 + 0.075, T0 + 0.15) == pytest.approx(1.0)
+
+
+def test_trace_energy_is_the_counter_value_when_a_point_was_added():
+    series = SensorSeries(CounterSensor())
+    series.add_reading(T0, 1.0)
+    assert series.trace_energy_J == 1.0
+    series.add_reading(T0 + 0.05, 1.0)
+    assert math.isnan(series.trace_energy_J)  # between updates: blank in the trace
+    series.add_reading(T0 + 0.1, 3.0)
+    assert series.trace_energy_J == 3.0
+
+
+def test_trimming_keeps_the_points_and_their_spans_together():
+    trace = Trace([(-1.0, 100.0)])
+    series = SensorSeries(CounterSensor())
+    feed(series, Counter(trace, schedule()), drifting_reads(120))
+    n = len(series.times)
+    cut_at = series.times[n // 2]
+    series.trim_before(cut_at, keep_at_least=4)
+    lists = (series.times, series.energies, series.update_early, series.update_late, series._swing)
+    assert len({len(values) for values in lists}) == 1 and series.times[1] == cut_at
+    assert all(e <= t <= l for e, t, l in zip(series.update_early, series.times, series.update_late))
+
+
+# ---------------------------------------------------------------------------------------- bounds
+def test_power_bound_is_sampling_interval_times_swing_at_an_edge():
+    series = SensorSeries(PowerSensor())
+    trace = Trace([(-1.0, 50.0), (0.02, 150.0)])  # steps up 20 ms after a sample
+    for t in (0.0, 0.05, 0.1, 0.15):
+        series.add_reading(T0 + t, trace.power(T0 + t))
+    a, b = T0 + 0.02, T0 + 0.15
+    figure = series.energy_at(b) - series.energy_at(a)
+    exact = trace.energy(b) - trace.energy(a)
+    assert figure == pytest.approx(0.03 * 100.0 + 0.1 * 150.0)  # the trapezoid splits the step mid-interval
+    assert exact == pytest.approx(0.13 * 150.0)
+    # 30 ms of the cut interval in the window × 100 W swing / 2 = 1.5 J: here exactly the error
+    assert window_bound_J(series, a, b) == pytest.approx(1.5)
+    assert exact - figure == pytest.approx(1.5)
+    assert window_bound_J(series, T0 + 0.05, T0 + 0.15) == 0.0  # constant power inside: no doubt
+    assert window_bound_J(series, T0, T0 + 0.15) == pytest.approx(0.05 * 100.0 / 2)
+    assert window_bound_J(series, T0 + 0.02, T0 + 0.04) == pytest.approx(0.02 * 100.0 / 2)  # inside one interval
+
+
+def test_bound_is_infinite_where_the_series_does_not_reach():
+    series = SensorSeries(PowerSensor())
+    series.add_reading(T0, 10.0)
+    series.add_reading(T0 + 0.05, 10.0)
+    assert window_bound_J(series, T0, T0 + 0.06) == math.inf  # an extrapolated edge
+    assert window_bound_J(series, T0 - 0.01, T0 + 0.05) == math.inf  # before the first sample
+    with pytest.raises(ValueError):
+        window_bound_J(series, T0 + 0.05, T0)
+
+
+@pytest.mark.parametrize("step_s", [0.1, 0.3, 1.0])  # steps at least a sampling interval long
+def test_bounds_contain_the_true_error_on_step_traces(step_s):
+    rng = random.Random(int(step_s * 1000))
+    steps = [(-1.0, 100.0)] + [(k * step_s, 150.0 if k % 2 else 50.0) for k in range(int(6.0 / step_s) + 1)]
+    trace = Trace(steps)
+    power = SensorSeries(PowerSensor())
+    gpu = SensorSeries(CounterSensor())
+    counter = Counter(trace, [u + rng.uniform(-0.001, 0.001) for u in schedule()])  # the card's own jitter
+    t = T0
+    while t < T0 + 6.5:
+        power.add_reading(t, trace.power(t))
+        gpu.add_reading(t, counter.read(t))
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    marks = [T0 + k * step_s for k in range(1, int(5.0 / step_s))]
+    for series in (power, gpu):
+        for a, b in list(zip(marks, marks[1:])) + [(marks[0], marks[-1])]:
+            error = abs(series.energy_at(b) - series.energy_at(a) - (trace.energy(b) - trace.energy(a)))
+            bound = window_bound_J(series, a, b)
+            assert error <= bound + 1e-9, (series.kind, a - T0, b - T0, error, bound)
+
+
+def test_bounds_contain_the_true_error_on_a_ramp():
+    def ramp(t):  # a triangle wave 50 -> 250 -> 50 W over 2 s, as a fine staircase
+        x = ((t - T0) % 2.0) / 2.0
+        return 50.0 + 400.0 * (x if x < 0.5 else 1.0 - x)
+
+    trace = Trace([(-1.0, 50.0)] + [(k * 0.001, ramp(T0 + k * 0.001)) for k in range(6000)])
+    series = SensorSeries(PowerSensor())
+    t = T0
+    while t < T0 + 6.0:
+        series.add_reading(t, trace.power(t))
+        t += 0.05
+    for a in (0.013, 0.47, 0.99, 1.91):
+        for length in (0.02, 0.1, 0.3, 2.5):
+            lo, hi = T0 + a, T0 + a + length
+            error = abs(series.energy_at(hi) - series.energy_at(lo) - (trace.energy(hi) - trace.energy(lo)))
+            assert error <= window_bound_J(series, lo, hi) + 1e-9
+
+
+def test_edge_bounds_recorded_at_resolution_give_the_window_bound():
+    bound_between = series_module.bound_between
+    trace = Trace([(-1.0, 100.0), (1.5, 200.0)])
+    series = SensorSeries(CounterSensor())
+    feed(series, Counter(trace, schedule()), drifting_reads(60))
+    a, b = T0 + 1.23, T0 + 2.41
+    start, end = series.edge_bound(a), series.edge_bound(b)
+    assert start.low_J <= trace.energy(a) <= start.high_J and end.low_J <= trace.energy(b) <= end.high_J
+    assert bound_between(start, end) == window_bound_J(series, a, b)
+    assert bound_between(None, end) == math.inf
