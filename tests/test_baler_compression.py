@@ -103,7 +103,9 @@ def test_round_trip_on_real_nanoaod_jets(tmp_path):
 @requires(CFD)
 def test_round_trip_on_cfd_frames(tmp_path):
     dm = BalerDataModule(str(CFD), batch_size=4, val_fraction=0.0)
-    module = _train(dm, epochs=60, model="ConvAE", compression_ratio=50.0, lr=3e-3)
+    # 60 epochs left the model at 0.509 x the mean frame's error here (deterministic, seed 0): just short of
+    # bound 2 below; 100 epochs reach 0.27 x, so the bound tests the file format, not the training's luck
+    module = _train(dm, epochs=100, model="ConvAE", compression_ratio=50.0, lr=3e-3)
     frames = dm.table
     compress(module.model, module.normalizer, frames, tmp_path / "cfd.baler", "float16")
     restored = decompress(tmp_path / "cfd.baler", tmp_path / "cfd.npz")
