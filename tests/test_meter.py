@@ -305,6 +305,22 @@ def test_asynchronous_boundaries_resolve_to_device_time(manual_sampler, clock):
     assert measure(start, end).energy_J["gpu"] == pytest.approx(50.0 * 0.01, rel=1e-6)  # device window, not host
 
 
+def test_a_lagging_device_mark_is_waited_for_never_given_host_time(manual_sampler, clock):
+    """The device is 0.5 s behind the host at the epoch end: past the wait's bound the mark is still put at
+    the moment the device reaches it (the clock's blocking wait), never at the host's time of asking."""
+    sensor = SimulatedSensor("gpu", 100.0, clock=clock)
+    names = manual_sampler.acquire("test", [sensor], interval_s=0.01, start_thread=False)
+    async_clock = FakeAsyncClock(clock)
+    meter = Meter(manual_sampler, names, async_clock)
+    manual_sampler.add_meter(meter)
+    tick(manual_sampler, clock, 0.1)
+    mark = meter.mark()  # the device reaches it at host time 1000.15
+    clock.advance(0.5)
+    meter.wait(mark, timeout_s=0.01)
+    assert mark.resolved and mark.t == pytest.approx(1000.15, abs=1e-12)
+    assert mark.energy["gpu"] == pytest.approx(100.0 * (mark.t - 1000.0), rel=1e-9)
+
+
 def test_a_broken_listener_is_dropped_and_sampling_goes_on(manual_sampler, clock):
     sensor = SimulatedSensor("s", 10.0, clock=clock)
     meter = setup_meter(manual_sampler, clock, [sensor])
