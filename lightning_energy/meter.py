@@ -220,6 +220,9 @@ class Meter:
                 mark.stale = tuple(stale)
                 mark.energy = energy
                 marks.popleft()
+                # windows ending here are published before any later mark resolves: a reader that sees a
+                # mark resolved finds every window that ended before it in ``results`` already
+                self._resolve_windows()
                 if mark is force_until:
                     force_until = None
                 continue

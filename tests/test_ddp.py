@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import os
 import subprocess
 import sys
@@ -35,6 +36,8 @@ def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
         assert epoch["power_W"] == pytest.approx(2 * DEVICE_W + HOST_W, rel=1e-9)
         assert epoch["train_J"] == pytest.approx(per_sensor["device"] + per_sensor["host"], rel=1e-12)
         assert epoch["steps"] == 2 * 10  # 320 rows / 2 ranks / batch 16, summed over ranks
+        # every step's energy counts in its epoch (both ranks' steps, device and host)
+        assert epoch["steps_J"] > 0
     assert (report_path.parent / "energy_trace.csv").exists()
     assert (report_path.parent / "energy_trace_rank1.csv").exists()
     # energy/total_J is all ranks' and logged at epoch ends only; the step-level figure is rank 0's, by name
@@ -68,7 +71,8 @@ def test_ddp_epoch_power_is_the_sum_of_the_sensors_whatever_rank_0_does_at_epoch
                          capture_output=True, text=True, env=env, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     # the figures are all-rank already and go through the loggers: no `sync_dist` advice from Lightning
-    assert "sync_dist" not in run.stderr
+    # about ours (the model's own `val/loss` may get it)
+    assert not re.search(r"self\.log\('(energy|power|time|edp)/", run.stderr), run.stderr[-2000:]
     (report_path,) = tmp_path.rglob("energy_report.json")
     report = json.loads(report_path.read_text())
     assert len(report["epochs"]) == 4

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from itertools import takewhile as _takewhile
 import math
 import socket
 import time
@@ -315,15 +316,20 @@ class Timeline:
             self.meter.wait(mark, timeout_s)
         self._deliver(trainer)
 
-    def _deliver(self, trainer) -> None:
-        """Hand every measured step, loop and epoch to the listeners (cheap when nothing is new)."""
+    def _deliver(self, trainer, epochs: bool = True) -> None:
+        """Hand every measured step, loop and epoch to the listeners (cheap when nothing is new).
+
+        Which epochs and loops are ready is read BEFORE the step results are drained: the meter publishes
+        a window before any later mark resolves, so every step of a ready epoch is delivered first.
+        """
+        ready_epochs = sum(1 for _ in _takewhile(self._epoch_ready, self._pending_epochs)) if epochs else 0
+        ready_loops = sum(1 for _ in _takewhile(self._loop_ready, self._pending_loops))
         results = self.meter.results
         while results:
             (step_number, step, log, end), gross = results.popleft()
             extras = {}
-            for name, start, end in step.extras:
-                m = measure(start, end)
-                extras[name] = _plus(extras.get(name), m)
+            for name, start, stop in step.extras:
+                extras[name] = _plus(extras.get(name), measure(start, stop))
             net = _minus(gross, list(extras.values()))
             epoch = self._find_epoch(step.epoch)
             if epoch is not None:
@@ -333,7 +339,7 @@ class Timeline:
             figures = StepFigures(step_number, step.epoch, step.batches, log, net, extras, step.start, end)
             for listener in list(self.listeners):
                 listener.on_step_measured(trainer, figures)
-        while self._pending_epochs and self._epoch_ready(self._pending_epochs[0]):
+        for _ in range(ready_epochs):
             epoch = self._pending_epochs.popleft()
             figures = epoch.figures or self._local_epoch_figures(epoch)
             for loop in epoch.loops:
@@ -341,8 +347,7 @@ class Timeline:
             self.epochs_measured.append(figures)
             for listener in list(self.listeners):
                 listener.on_epoch_measured(trainer, figures)
-        while self._pending_loops and (self._pending_loops[0].figures is not None
-                                       or self._pending_loops[0].end.resolved):
+        for _ in range(ready_loops):
             self._emit_loop(trainer, self._pending_loops.popleft())
 
     def _find_epoch(self, number: int) -> _Epoch | None:
@@ -352,6 +357,10 @@ class Timeline:
 
     def _epoch_ready(self, epoch: _Epoch) -> bool:
         return epoch.figures is not None or (not self._distributed and epoch.end.resolved)
+
+    @staticmethod
+    def _loop_ready(loop: _Loop) -> bool:
+        return loop.figures is not None or loop.end.resolved
 
     def _emit_loop(self, trainer, loop: _Loop) -> None:
         if loop.figures is None:
@@ -417,7 +426,7 @@ class Timeline:
     def _settle_epoch_across_ranks(self, trainer, epoch: _Epoch) -> None:
         """Collective: measure the epoch over the ranks' common interval, on every rank, now."""
         self.meter.wait(epoch.end)  # this rank's marks and its step windows are resolved
-        self._deliver_steps_only(trainer)
+        self._deliver(trainer, epochs=False)  # this epoch's steps count in its steps_J before it is settled
         local_bounds = [epoch.start.t, epoch.end.t] + [t for loop in epoch.loops for t in (loop.start.t, loop.end.t)]
         common = self._common_times(trainer, local_bounds)
         start_s, end_s = common[0], common[1]
@@ -472,13 +481,6 @@ class Timeline:
                                    _sum_dicts(g["energy"] for g in gathered), end_s - start_s, start_s, end_s,
                                    tuple(m for g in gathered for m in g["missing"]), bool(flagged))
         self.sampler.retain(self, None)
-
-    def _deliver_steps_only(self, trainer) -> None:
-        pending, self._pending_epochs = self._pending_epochs, deque()
-        try:
-            self._deliver(trainer)
-        finally:
-            self._pending_epochs = pending
 
     def _common_times(self, trainer, local: list[float]) -> list[float]:
         """Each boundary's time on this rank's clock as the latest rank reached it (collective)."""
