@@ -66,3 +66,74 @@ def test_bad_arguments_and_missing_metric(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="'val/f1' is not logged"):
         fit(tmp_path, monkeypatch, callback, epochs=1)
     assert callback.result is None
+
+
+class IdleAfterValidation(L.Callback):
+    """Time after each epoch's validation, before the checkpoint of the epoch's end (the card keeps drawing)."""
+
+    def __init__(self, clock, seconds):
+        self.clock, self.seconds = clock, seconds
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.clock.advance(self.seconds)
+
+
+def test_a_resumed_run_counts_what_an_uninterrupted_one_counts(tmp_path, monkeypatch):
+    """The checkpoint keeps the energy up to when it was saved, not up to the last validation: the energy
+    spent between the two (here after every validation, before the epoch-end checkpoint) is not lost."""
+    idle_s = 0.5
+
+    def run(callback, epochs, folder, ckpt_path=None):
+        clock = install_fake_time(monkeypatch.setattr)
+        gpu = SimulatedGPU(clock=clock)
+        callback._user_sensors = [gpu.energy_sensor()]
+        trainer = L.Trainer(
+            callbacks=[callback, SimulatedWorkload(gpu=gpu), IdleAfterValidation(clock, idle_s),
+                       ModelCheckpoint(dirpath=tmp_path / folder, save_last=True, save_top_k=0)],
+            **trainer_kwargs(tmp_path, max_epochs=epochs, logger=False, num_sanity_val_steps=0,
+                             enable_checkpointing=True))
+        trainer.fit(AccuracyModule(batch_size=BATCH), ckpt_path=ckpt_path)
+        return gpu
+
+    whole = EnergyToAccuracy("val/acc", target=0.5)
+    gpu = run(whole, epochs=4, folder="whole")
+    steps = 3 * ROWS // BATCH  # reached at the third validation, after two idle spells (epochs 0 and 1)
+    step_power_W = gpu.step_energy_J(300, BATCH) / gpu.step_time_s(300, BATCH)
+    expected_J = steps * gpu.step_energy_J(300, BATCH) + 2 * idle_s * step_power_W
+    assert whole.result["energy_to_target_J"] == pytest.approx(expected_J, rel=1e-9)
+    assert whole.result["time_to_target_s"] == pytest.approx(steps * gpu.step_time_s(300, BATCH) + 2 * idle_s,
+                                                             rel=1e-9)
+    first = EnergyToAccuracy("val/acc", target=0.5)
+    run(first, epochs=2, folder="ckpt")  # its checkpoint comes after the second epoch's idle spell
+    assert first.result is None
+    resumed = EnergyToAccuracy("val/acc", target=0.5)
+    gpu = run(resumed, epochs=4, folder="ckpt", ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+    assert gpu.steps_run == 2 * ROWS // BATCH  # the third and fourth epochs: it went on from the checkpoint
+    for key in ("energy_to_target_J", "time_to_target_s", "epochs_to_target"):
+        assert resumed.result[key] == pytest.approx(whole.result[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("target, waits", [(0.9, 0), (0.5, 1)], ids=["never_reached", "reached"])
+def test_no_wait_at_validations_but_the_one_that_reaches_the_target(tmp_path, monkeypatch, target, waits):
+    from lightning_energy.meter import Meter
+
+    recorded, training = [], []
+    original = Meter.wait
+
+    def recording_wait(self, mark, timeout_s=None):
+        if training:
+            recorded.append(mark)
+        return original(self, mark, timeout_s)
+
+    class Training(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            training.append(True)
+
+        def on_train_end(self, trainer, pl_module):
+            training.clear()
+
+    monkeypatch.setattr(Meter, "wait", recording_wait)
+    callback = EnergyToAccuracy("val/acc", target=target)
+    fit(tmp_path, monkeypatch, callback, epochs=4, extra=[Training()])
+    assert (callback.result is not None) == bool(waits)
+    assert len(recorded) == waits

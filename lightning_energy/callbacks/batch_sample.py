@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
 from lightning_energy.forecast import cern_estimate_J
-from lightning_energy.meter import Mark
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import MeterSession, open_meter_session
-
-SAMPLE_TAG = "batch_sample"
+from lightning_energy.sensors.base import Sensor
 
 
-class BatchSampleEstimate(Callback):
+class BatchSampleEstimate(MeteredCallback):
     """Energy per batch averaged over ``n_batches`` training batches x the number of batches trained.
 
     This is the method of the CERN study (3DGAN on A100: energy per batch over 10 batches x batches),
     kept to compare with the measured total: it leaves out everything between the steps (data
-    loading, validation, checkpointing). Each sampled batch is the window from
-    ``on_train_batch_start`` to ``on_train_batch_end`` of the first epoch after ``skip_batches``.
-    Nothing is logged; after fit read ``batch_J`` (J of each sampled batch), ``batch_J_mean``,
+    loading, validation, checkpointing). The sampled batches are the training batches ``skip_batches``
+    to ``skip_batches + n_batches - 1`` of the fit, measured as the Trainer's timeline measures its
+    optimizer steps (the windows of ``EnergyCallback``'s ``energy/step_J``; work other callbacks add
+    inside a step left out); with gradient accumulation a step's energy is shared equally among its
+    batches. Nothing is logged; after fit read ``batch_J`` (J of each sampled batch), ``batch_J_mean``,
     ``batches`` (trained) and ``estimate_J``. Figures are this rank's.
 
     Args:
         n_batches: batches to sample (10 in the study).
         skip_batches: batches to leave out before sampling (0: the study's first batches).
         sensors: the sensors to read when no ``EnergyCallback`` is present.
+        interval_s: sampling interval requested from the shared sampler (s).
     """
 
     def __init__(self, n_batches: int = 10, skip_batches: int = 0, sensors: list[Sensor] | None = None,
@@ -40,53 +39,31 @@ class BatchSampleEstimate(Callback):
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
         self.n_batches = n_batches
         self.skip_batches = skip_batches
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.interval_s = interval_s
+        self._user_sensors = self.check_sensors(sensors)
+        self.interval_s = self.check_interval(interval_s)
         self.batch_J: list[float] = []  # energy of each sampled batch (this rank's sensors)
         self.batch_J_mean: float | None = None
         self.sampled = 0
         self.batches = 0
         self.estimate_J: float | None = None
-        self._session: MeterSession | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._session is not None or stage != TrainerFn.FITTING:
+        if self.attachment is not None or stage != TrainerFn.FITTING:
             return
-        self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
-        self._start: Mark | None = None
-        self.batches, self.sampled, self.batch_J_mean, self.estimate_J = 0, 0, None, None
+        self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
+        self.batch_J, self.batches, self.sampled, self.batch_J_mean, self.estimate_J = [], 0, 0, None, None
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def _sampling(self) -> bool:
-        return self.skip_batches <= self.batches < self.skip_batches + self.n_batches
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._sampling():
-            self._start = self._session.meter.mark()
-
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
-                           batch_idx: int) -> None:
-        if self._sampling() and self._start is not None:
-            self._session.meter.add_window(self._start, self._session.meter.mark(), tag=SAMPLE_TAG,
-                                           info=self.batches, keep=True)
-            self._start = None
-        self.batches += 1
+    def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
+        first, self.batches = self.batches, self.batches + figures.batches
+        low, high = self.skip_batches, self.skip_batches + self.n_batches
+        sampled = min(self.batches, high) - max(first, low)
+        if sampled > 0:
+            energy = figures.measurement.energy_J
+            step_J = sum(energy.get(name, 0.0) for name in self.attachment.sensor_names)
+            self.batch_J.extend([step_J / figures.batches] * sampled)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        meter.wait(meter.mark())  # every window queued before is resolved too
-        self.batch_J = [m.total_J for _, m in meter.results]
-        meter.results.clear()
+        # the timeline has delivered every step before this runs
         if not self.batch_J:
             return
         self.sampled = len(self.batch_J)

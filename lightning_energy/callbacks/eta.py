@@ -5,23 +5,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
+from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.meter import Mark, measure
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.sensors.base import Sensor
 
 MODES = ("min", "max")
 
 
 class SinceTrainStart:
-    """Energy (J, all ranks) and time (s, slowest rank) from the start of training, read at epoch-level points."""
+    """Energy (J, all ranks) and time (s, slowest rank) from :meth:`begin`, read at epoch-level points.
 
-    def __init__(self, session: MeterSession, energy_sensors: list[str] | None = None) -> None:
+    Kept for :class:`~lightning_energy.callbacks.bso.ZeusBatchSizeOptimizer` until it reads the Trainer's
+    timeline; :class:`EnergyToAccuracy` no longer uses it. ``session``: anything with a ``meter`` (the
+    legacy ``MeterSession`` or an integration ``Attachment``).
+    """
+
+    def __init__(self, session, energy_sensors: list[str] | None = None) -> None:
         self.session = session
         self.energy_sensors = energy_sensors
         self.start: Mark | None = None
@@ -43,17 +48,21 @@ def metric_value(trainer: Trainer, monitor: str) -> float | None:
     return None if value is None else float(value)
 
 
-class EnergyToAccuracy(Callback):
+class EnergyToAccuracy(MeteredCallback):
     """Log the energy and time from the start of training until ``monitor`` first reaches ``target``.
 
     Zeus calls these ETA (energy-to-accuracy) and TTA (time-to-accuracy); its batch-size optimizer's cost
-    is ``eta*ETA + (1-eta)*MaxPower*TTA``. Checked after every validation run of ``fit`` (waiting for the
-    meter there, once per validation). Energy is every sensor of this suite's shared meter on every rank
-    (summed), time is the slowest rank's; both continue across a resume from checkpoint.
+    is ``eta*ETA + (1-eta)*MaxPower*TTA``. Checked after every validation run of ``fit``. The window runs
+    from the fit's start (the Trainer's timeline, shared with the suite's other callbacks) to the end of
+    the validation run that reached the target: energy of this callback's sensors (those of an
+    ``EnergyCallback`` in the same Trainer, or auto-detected, when ``sensors`` is None) summed over ranks,
+    time of the slowest rank. Nothing waits per validation; the one run that reaches the target waits
+    (bounded) for the samples to cover its end. Both figures continue across a resume from checkpoint:
+    a checkpoint keeps the energy and time up to when it was saved.
 
-    Logged once, when reached (rank zero): ``energy_to_target_J``, ``time_to_target_s``,
-    ``epochs_to_target`` (validation runs of fit so far, counting the one that reached it). Also kept in
-    :attr:`result`. With ``stop=True`` training ends there.
+    Logged once, when reached (rank zero, through every logger): ``energy_to_target_J``,
+    ``time_to_target_s``, ``epochs_to_target`` (validation runs of fit so far, counting the one that
+    reached it). Also kept in :attr:`result`. With ``stop=True`` training ends there.
 
     Args:
         monitor: the validation metric (a key of ``trainer.callback_metrics``), e.g. ``"val/acc"``.
@@ -61,6 +70,7 @@ class EnergyToAccuracy(Callback):
         mode: ``"max"`` (reached when ``>= target``) or ``"min"`` (``<= target``).
         stop: end training once reached.
         sensors: the sensors to read when no ``EnergyCallback`` shares its own.
+        interval_s: sampling interval requested from the shared sampler (s).
     """
 
     def __init__(self, monitor: str, target: float, mode: str = "max", stop: bool = False,
@@ -72,17 +82,15 @@ class EnergyToAccuracy(Callback):
             raise ValueError(f"`target` must be a finite number, got {target!r}")
         if mode not in MODES:
             raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
-        if not isinstance(stop, bool):
-            raise TypeError(f"`stop` must be a bool, got {type(stop).__name__}")
+        self.check_flags(stop=stop)
         self.monitor, self.target, self.mode, self.stop = monitor, float(target), mode, stop
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.interval_s = interval_s
+        self._user_sensors = self.check_sensors(sensors)
+        self.interval_s = self.check_interval(interval_s)
         self.result: dict | None = None
-        self._session: MeterSession | None = None
         self._resumed = {"energy_J": 0.0, "time_s": 0.0, "validations": 0}
         self._validations = 0
-        self._last = (0.0, 0.0)
-        self._clock: SinceTrainStart | None = None
+        self._trainer: Trainer | None = None  # while attached: state_dict gathers over its ranks
+        self._final_state: dict | None = None
         self._warned = False
 
     @property
@@ -93,36 +101,32 @@ class EnergyToAccuracy(Callback):
         return value >= self.target if self.mode == "max" else value <= self.target
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
-        self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
-        self._clock = SinceTrainStart(self._session)
+        self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
+        self._trainer = trainer
         self._validations = 0
-        self._last = (0.0, 0.0)
+        self._final_state = None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
+        self._trainer = None
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._clock.begin()
+        self._trainer = None
+        super().on_exception(trainer, pl_module, exception)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self._clock is None or self._clock.start is None:
+        timeline = self.timeline
+        if (trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or timeline is None
+                or timeline.fit_start is None):
             return
         self._validations += 1
-        energy_J, time_s = self._clock.read(trainer)
-        self._last = (energy_J, time_s)
         if self.result is not None:
             return
-        value = metric_value(trainer, self.monitor)
+        # rank zero's value decides on every rank: a metric logged without sync_dist differs across ranks,
+        # and the ranks must agree to measure together (a collective) and to stop together
+        value = trainer.strategy.broadcast(metric_value(trainer, self.monitor), src=0)
         if value is None:
             if not self._warned:
                 self._warned = True
@@ -131,6 +135,9 @@ class EnergyToAccuracy(Callback):
             return
         if not self.reached(value):
             return
+        # the instant the target is known is no boundary of the timeline: one mark of our own, once per run
+        end = self.attachment.meter.wait(timeline.mark())
+        energy_J, time_s = self._since_fit_start(trainer, measure(timeline.fit_start, end))
         self.result = {
             "energy_to_target_J": self._resumed["energy_J"] + energy_J,
             "time_to_target_s": self._resumed["time_s"] + time_s,
@@ -140,20 +147,43 @@ class EnergyToAccuracy(Callback):
         }
         rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
                        f"{self.result['energy_to_target_J']:.1f} J and {self.result['time_to_target_s']:.1f} s")
-        if trainer.is_global_zero:
-            metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
+        metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
+        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
         if self.stop:
             trainer.should_stop = True
 
-    def state_dict(self) -> dict[str, Any]:
+    def _since_fit_start(self, trainer: Trainer, m) -> tuple[float, float]:
+        """(J of all ranks, s of the slowest rank) of this rank's window ``m``: a collective."""
+        names = self.attachment.sensor_names
+        rows = distributed.gather(trainer, (sum(m.energy_J.get(n, 0.0) for n in names), m.duration_s))
+        return sum(r[0] for r in rows), max(r[1] for r in rows)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._final_state = self._state(trainer, self.timeline.fit_end)  # for a checkpoint saved after the fit
+
+    # ---------------------------------------------------------------- resume
+    def _state(self, trainer: Trainer, until: Mark | None = None) -> dict[str, Any]:
+        """Energy and time from the fit's start up to now (or ``until``), without waiting: a collective."""
+        so_far = self.timeline.so_far(self.attachment.sensor_names, until)
+        rows = distributed.gather(trainer, (so_far["fit_J"], so_far["duration_s"]))
         return {
-            "energy_J": self._resumed["energy_J"] + self._last[0],
-            "time_s": self._resumed["time_s"] + self._last[1],
+            "energy_J": self._resumed["energy_J"] + sum(r[0] for r in rows),
+            "time_s": self._resumed["time_s"] + max(r[1] for r in rows),
             "validations": self._resumed["validations"] + self._validations,
             "result": self.result,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Energy (J, all ranks) and time (s, slowest rank) since training began, up to the checkpoint.
+
+        Does not wait (the figures reach the latest samples, extrapolated by one sampling interval at
+        most). Collective under DDP, as Lightning saves checkpoints on every rank.
+        """
+        if self.attachment is not None and self._trainer is not None and self.timeline.fit_start is not None:
+            return self._state(self._trainer)
+        if self._final_state is not None:
+            return {**self._final_state, "result": self.result}
+        return {**self._resumed, "result": self.result}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = {k: state_dict.get(k, 0) for k in ("energy_J", "time_s", "validations")}

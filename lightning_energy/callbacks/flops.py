@@ -5,24 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_energy import distributed
 from lightning_energy.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.io import atomic_write_text
-from lightning_energy.meter import Mark
 from lightning_energy.peaks import Peak, device_peak, precision_of
 from lightning_energy.precision import SwitchablePrecision
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import open_meter_session
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 
 TABLE_FILE = "flops_table.csv"
 GFLOP = 1e9
 
 
-class FlopsCallback(Callback):
+class FlopsCallback(MeteredCallback):
     """Count the model's FLOPs once, then report how fast and how efficiently they run.
 
     The table (per layer: parameters, forward MACs and FLOPs, backward FLOPs, MACs in the Baler
@@ -38,7 +38,10 @@ class FlopsCallback(Callback):
     ``flops/energy_estimated`` (True when a sensor of any rank is an estimate, e.g. the CPU estimate
     from TDP and load; the text table then says so and an info message says it once).
 
-    Logged per training epoch, over the time and energy of its training steps (all ranks):
+    Logged per training epoch (rank zero, through every logger, at the epoch's last step, once the
+    Trainer's timeline has measured the epoch: a few steps after its end), over the time and energy of
+    its training steps (all ranks; the optimizer steps of the timeline, the windows of
+    ``EnergyCallback``'s ``energy/step_J``, work other callbacks add inside a step left out):
 
     - ``flops/epoch_GFLOP``: FLOPs run, = FLOPs per sample of the counted batch x samples in the steps
       (exact for layers that act per sample, as Linear and Conv do);
@@ -48,7 +51,8 @@ class FlopsCallback(Callback):
       The precision is read at every step (the mode of a ``SwitchablePrecision`` plugin, which
       ``PrecisionSwitch`` changes mid-run, else ``trainer.precision``), so an epoch that ran in several
       precisions is held against each one's peak: ``mfu = sum over precisions of (FLOPs / peak) /
-      (time x ranks)``; a peak not yet known is measured (on CPU) at the end of the epoch that needs it;
+      (time x ranks)``; a peak not yet known is measured (on CPU) at the end of the epoch that needs it,
+      outside its steps;
     - ``energy/J_per_GFLOP``: the steps' measured energy per GFLOP; an estimate wherever the sensors
       are (``flops/energy_estimated`` and ``energy_estimated`` in :attr:`epochs` say so).
 
@@ -72,38 +76,36 @@ class FlopsCallback(Callback):
                                              or not isinstance(peak_flops_per_s, (int, float))
                                              or not peak_flops_per_s > 0):
             raise ValueError(f"`peak_flops_per_s` must be a number > 0, got {peak_flops_per_s!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
         self.example_input = example_input
         self.peak_flops_per_s = None if peak_flops_per_s is None else float(peak_flops_per_s)
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.interval_s = float(interval_s)
+        self._user_sensors = self.check_sensors(sensors)
+        self.interval_s = self.check_interval(interval_s)
         self.table: FlopsTable | None = None
         self.peak: Peak | None = None  # of the precision at fit start
         self.peaks: dict[str, Peak] = {}  # every precision trained in, by peaks.PRECISIONS key
         self.energy_estimated = False
         self.estimated_sensors: list[str] = []  # estimated sensors of every rank
         self.epochs: list[dict] = []
-        self._session = None
         self._recorder: FlopsRecorder | None = None
         self._counting_batch = False
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         self.table, self.epochs, self.peak, self.peaks = None, [], None, {}
         self._recorder: FlopsRecorder | None = None
         self._counting_batch = False
-        self._step_start: Mark | None = None
-        self._step_precision = "fp32"
-        self._samples: dict[str, int] = {}  # samples of the epoch's measured steps per precision
+        # per optimizer step (Lightning's step number), until the timeline measures it: its epoch, samples per
+        # precision, and whether its first batch was counted (then it is left out)
+        self._steps: dict[int, dict] = {}
+        self._epoch_steps: dict[int, dict] = {}  # per epoch: the measured steps' samples, energy, time
+        self._waiting: dict[int, EpochFigures] = {}  # epochs measured before their last step (single process)
+        self._epoch_precisions: set[str] = set()
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         self._device = trainer.strategy.root_device
-        self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
-        for note in self._session.notes:
-            rank_zero_warn(note)
-        local = [s.name for s in self._session.sensors if s.estimated]
+        attachment = self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
+        local = [s.name for s in attachment.sensors if s.estimated]
         self.estimated_sensors = sorted({name for names in distributed.gather(trainer, local) for name in names})
         self.energy_estimated = bool(self.estimated_sensors)
         if self.energy_estimated:
@@ -127,18 +129,17 @@ class FlopsCallback(Callback):
         return self.peaks[precision]
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
+        self._stop_counting()
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
+        self._stop_counting()
+        super().on_exception(trainer, pl_module, exception)
 
-    def _release(self) -> None:
+    def _stop_counting(self) -> None:
         if self._recorder is not None and self._counting_batch:
             self._recorder.__exit__(None, None, None)
             self._counting_batch = False
-        if self._session is not None:
-            session, self._session = self._session, None
-            session.close()
 
     # ---------------------------------------------------------------- counting
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -151,14 +152,19 @@ class FlopsCallback(Callback):
         self._publish(trainer, count_model(pl_module, move_data_to_device(example, pl_module.device)))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # recorded at the batch's start: the timeline may measure the step as soon as it ends
+        number = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step this batch belongs to
+        step = self._steps.setdefault(number, {"epoch": trainer.current_epoch, "samples": {}, "counted": False})
         if self.table is None and self._recorder is None:
             self._recorder = FlopsRecorder(pl_module)
             self._recorder.batch_size = batch_size_of(batch)
             self._recorder.__enter__()
             self._counting_batch = True
+            step["counted"] = True  # the counter slows the step down: left out of the rates
             return
-        self._step_precision = self._precision(trainer)
-        self._step_start = self._session.meter.mark()
+        precision = self._precision(trainer)
+        self._epoch_precisions.add(precision)
+        step["samples"][precision] = step["samples"].get(precision, 0) + (batch_size_of(batch) or 0)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:
         if self._counting_batch and not self._recorder.forward_marked:
@@ -170,14 +176,6 @@ class FlopsCallback(Callback):
             self._recorder.__exit__(None, None, None)
             self._counting_batch = False
             self._publish(trainer, self._recorder.table())
-            return
-        if self._step_start is None:
-            return
-        meter = self._session.meter
-        meter.add_window(self._step_start, meter.mark(), tag=("flops", trainer.current_epoch))
-        self._step_start = None
-        precision = self._step_precision
-        self._samples[precision] = self._samples.get(precision, 0) + (batch_size_of(batch) or 0)
 
     def _publish(self, trainer: Trainer, table: FlopsTable) -> None:
         self.table = table
@@ -205,24 +203,62 @@ class FlopsCallback(Callback):
                         f"energy/J_per_GFLOP: {energy}")
                 logger.experiment.add_text("flops/table", text, global_step=trainer.global_step)
 
-    # ---------------------------------------------------------------- per epoch
+    # ---------------------------------------------------------------- per step and per epoch
+    def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
+        step = self._steps.pop(figures.step, None)
+        if step is None or step["counted"]:
+            return
+        totals = self._epoch_steps.setdefault(figures.epoch, {"samples": {}, "energy_J": 0.0, "seconds": 0.0})
+        for precision, samples in step["samples"].items():
+            totals["samples"][precision] = totals["samples"].get(precision, 0) + samples
+        energy = figures.measurement.energy_J
+        totals["energy_J"] += sum(energy.get(name, 0.0) for name in self.attachment.sensor_names)
+        totals["seconds"] += figures.measurement.duration_s
+        waiting = self._waiting.get(figures.epoch)
+        if waiting is not None and not self._steps_pending(figures.epoch):
+            del self._waiting[figures.epoch]
+            self._epoch_row(trainer, waiting)
+
+    def _steps_pending(self, epoch: int) -> bool:
+        return any(step["epoch"] == epoch for step in self._steps.values())
+
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        meter.wait(meter.mark())  # every step window queued before is resolved
-        totals = meter.totals.pop(("flops", trainer.current_epoch), None)
-        samples, self._samples = self._samples, {}
+        # after the epoch's end mark and outside any step: a peak this epoch needs is measured here (on CPU)
+        for precision in sorted(self._epoch_precisions):
+            self._peak(precision)
+        self._epoch_precisions = set()
+
+    def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
+        if trainer.world_size == 1 and self._steps_pending(figures.epoch):
+            # the epoch's end was resolved a moment before its last step reached us: finish with that step
+            self._waiting[figures.epoch] = figures
+            return
+        self._epoch_row(trainer, figures)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for epoch in sorted(self._waiting):  # every step is delivered by now; a step never measured is left out
+            self._epoch_row(trainer, self._waiting.pop(epoch))
+
+    def _epoch_row(self, trainer: Trainer, figures: EpochFigures) -> None:
+        """The epoch's row from its measured steps, all ranks (a collective under DDP)."""
+        totals = self._epoch_steps.pop(figures.epoch, None)
         table = self.table
-        if table is None or totals is None or not table.batch_size:
+        local = totals if totals is not None else {"samples": {}, "energy_J": 0.0, "seconds": 0.0}
+        merged = distributed.merge(distributed.gather(trainer, local))
+        if table is None or not table.batch_size or not merged.get("samples"):
             return
         per_sample = table.train_FLOPs / table.batch_size
-        local = {"samples": samples, "energy_J": totals.total_J, "seconds": totals.duration_s}
-        merged = distributed.merge(distributed.gather(trainer, local))
-        by_precision = {name: per_sample * n for name, n in merged.get("samples", {}).items()}
+        by_precision = {name: per_sample * n for name, n in merged["samples"].items()}
         flops, seconds, energy = sum(by_precision.values()), merged["seconds"], merged["energy_J"]
         rate = flops / seconds if seconds > 0 else 0.0
+        unknown = [name for name in by_precision if name not in self.peaks]  # another rank's precision
+        if unknown:
+            with self.timeline.extra("flops_peak"):  # this may run inside a step: its time is left out of it
+                for name in unknown:
+                    self._peak(name)
         ideal_s = sum(f / self._peak(name).flops_per_s for name, f in by_precision.items())  # at every peak
         row = {
-            "epoch": trainer.current_epoch,
+            "epoch": figures.epoch,
             "flops/epoch_GFLOP": flops / GFLOP,
             "flops/rate_GFLOP_per_s": rate / GFLOP,
             "flops/mfu": ideal_s / (seconds * trainer.world_size) if seconds > 0 else 0.0,
@@ -231,6 +267,4 @@ class FlopsCallback(Callback):
         self.epochs.append({**row, "steps_s": seconds, "steps_J": energy, "GFLOP_by_precision":
                             {name: f / GFLOP for name, f in by_precision.items()},
                             "energy_estimated": self.energy_estimated})
-        for name, value in row.items():
-            if name != "epoch":
-                pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
+        self.log_metrics(trainer, {name: value for name, value in row.items() if name != "epoch"}, figures.step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -9,22 +10,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_text
-from lightning_energy.meter import Mark, measure
+from lightning_energy.meter import Mark, Measurement, measure
 from lightning_energy.op_energy import (
     SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us, counter_events,
     read_chrome_trace, write_chrome_trace,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import open_meter_session
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
+from lightning_energy.series import bound_between
 
 ACTIVITIES = ("cpu", "cuda")
 TRACE_GLOB = "*.pt.trace.json*"
 OPS_CSV = "op_energy_step{step}{suffix}.csv"
+FLUSH = "profiler_flush"  # the timeline's sub-window of the trace export and its annotation
 SYNC_TIGHT_S = 100e-6  # a sync marker taking longer was probably preempted: take another (up to 3)
 SYNC_ATTEMPTS = 3
 
@@ -55,7 +58,7 @@ class ProfiledWindow:
     attribution: Attribution
 
 
-class EnergyProfiler(Callback):
+class EnergyProfiler(MeteredCallback):
     """Profile training steps with ``torch.profiler`` and put the measured energy into the traces.
 
     For every cycle of the schedule (``skip_first`` steps, then ``wait``, ``warmup`` and ``active``
@@ -89,7 +92,11 @@ class EnergyProfiler(Callback):
     The samples come from the shared sampler (no thread of its own): a short window holds few of them,
     so lower ``interval_s`` (it raises the shared sampling rate while this callback is attached) for
     a finer power curve. Post-processing (reading, annotating and rewriting the trace) runs on the
-    training thread once per window, like the trace export itself.
+    training thread once per window, like the trace export itself, after the last profiled step has
+    ended; the Trainer's timeline reports that work apart as the sub-window ``profiler_flush`` (with an
+    ``EnergyCallback``: ``energy/extra/profiler_flush_J`` where it falls inside a step under gradient
+    accumulation, else in the epoch's ``extras_J``), never inside a step's figures, whatever the order
+    of the callbacks. The energy is that of this callback's sensors only.
 
     Args:
         wait, warmup, active, repeat, skip_first: the ``torch.profiler.schedule`` in training steps
@@ -130,20 +137,17 @@ class EnergyProfiler(Callback):
         if activities is not None:
             if isinstance(activities, str) or not all(a in ACTIVITIES for a in activities) or not activities:
                 raise ValueError(f"`activities` must be a non-empty list drawn from {ACTIVITIES}, got {activities!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
         self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)
         self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack
         self.activities = None if activities is None else list(activities)
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.interval_s = float(interval_s)
+        self._user_sensors = self.check_sensors(sensors)
+        self.interval_s = self.check_interval(interval_s)
         self.use_gzip = use_gzip
         self.top_ops = top_ops
         self.windows: list[ProfiledWindow] = []
         self._reset()
 
     def _reset(self) -> None:
-        self._session = None
         self._profiler = None
         self._recorder = WindowRecorder()
         self._window: _Window | None = None
@@ -156,7 +160,7 @@ class EnergyProfiler(Callback):
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         from lightning.pytorch.profilers import PyTorchProfiler
 
@@ -171,30 +175,35 @@ class EnergyProfiler(Callback):
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         self._trainer = trainer
         self._suffix = "" if trainer.global_rank == 0 else f"_rank{trainer.global_rank}"
-        self._session = open_meter_session(trainer, self, self._user_sensors, interval_s=self.interval_s)
-        for note in self._session.notes:
-            rank_zero_warn(note)
-        self.estimated_sensors = sorted(s.name for s in self._session.sensors if s.estimated)
+        attachment = self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
+        self.estimated_sensors = sorted(s.name for s in attachment.sensors if s.estimated)
         if self.estimated_sensors:
             rank_zero_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
                            "energy in the traces and per-op tables is labelled estimated")
-        self._session.sampler.add_listener(self._recorder)
+        self._sampler = attachment.sampler
+        self._sampler.add_listener(self._recorder)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._release()
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._processing = False  # no trace post-processing for a failed run
         self._release()
+        super().on_exception(trainer, pl_module, exception)
 
     def _release(self) -> None:
         if self._profiler is not None:
             profiler, self._profiler = self._profiler, None
             profiler.stop()
-        if self._session is not None:
-            session, self._session = self._session, None
-            session.sampler.remove_listener(self._recorder)
-            session.close()
+        sampler = self.__dict__.pop("_sampler", None)
+        if sampler is not None:
+            sampler.remove_listener(self._recorder)
+
+    def _flush(self):
+        """The trace export and its annotation: a sub-window of the timeline, left out of step figures."""
+        timeline = self.timeline
+        return timeline.extra(FLUSH) if timeline is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- profiling
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -221,11 +230,14 @@ class EnergyProfiler(Callback):
             return
         from torch.profiler import ProfilerAction
 
-        if profiler.current_action == ProfilerAction.RECORD_AND_SAVE:
+        exporting = profiler.current_action == ProfilerAction.RECORD_AND_SAVE
+        if exporting:
             self._close_window()
-        with warnings.catch_warnings():  # "clears events at the end of each cycle": one trace per cycle is the aim
-            warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
-            profiler.step()  # exports the trace at the end of a cycle (-> _on_trace_ready)
+        # the step's end is marked already (the timeline's boundary comes before this body, in any order)
+        with self._flush() if exporting else contextlib.nullcontext():
+            with warnings.catch_warnings():  # "clears events at the end of each cycle": one trace per cycle is the aim
+                warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+                profiler.step()  # exports the trace at the end of a cycle (-> _on_trace_ready)
         self._open_window_if_recording()
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -234,7 +246,8 @@ class EnergyProfiler(Callback):
         if self._window is not None:  # training ended inside the active steps: keep what was recorded
             self._close_window()
         profiler, self._profiler = self._profiler, None
-        profiler.stop()
+        with self._flush():
+            profiler.stop()  # exports a window left open
         if self._windows_opened == 0 and trainer.is_global_zero:
             rank_zero_warn(f"EnergyProfiler: training ended before the schedule {self.schedule} reached an active "
                            "step; no trace was written")
@@ -245,7 +258,7 @@ class EnergyProfiler(Callback):
         if self._window is None and self._profiler.current_action in (ProfilerAction.RECORD,
                                                                         ProfilerAction.RECORD_AND_SAVE):
             self._recorder.open()
-            mark = self._session.meter.mark()
+            mark = self.timeline.mark()  # the ProfilerStep boundary: not one of the timeline's own
             self._window = _Window(mark, time.time() - time.perf_counter())
             self._windows_opened += 1
             self._sync()
@@ -255,7 +268,7 @@ class EnergyProfiler(Callback):
         if window is None:
             return
         self._sync(window)
-        window.end = self._session.meter.mark()
+        window.end = self.timeline.mark()
         self._pending = window
 
     def _sync(self, window: _Window | None = None) -> None:
@@ -288,17 +301,19 @@ class EnergyProfiler(Callback):
                           "training goes on", RuntimeWarning, stacklevel=2)
 
     def _annotate(self, window: _Window, trace_path: Path, trainer: Trainer) -> ProfiledWindow:
-        meter = self._session.meter
-        end = meter.wait(window.end)  # marks resolve in order: the start is resolved too
-        samples = self._recorder.close()
-        measured = measure(window.start, end)
+        end = self.attachment.meter.wait(window.end)  # once per window; marks resolve in order: the start too
+        names = set(self.attachment.sensor_names)  # the session's other callbacks may read other sensors
+        samples = [(t, {n: v for n, v in values.items() if n in names}) for t, values in self._recorder.close()]
+        start_J = {n: j for n, j in window.start.energy.items() if n in names}
+        end_J = {n: j for n, j in end.energy.items() if n in names}
+        measured = _measure_only(window.start, end, names)
         trace = read_chrome_trace(trace_path)
         events = trace.get("traceEvents")
         if not isinstance(events, list):
             raise ValueError(f"{trace_path} is not a Chrome trace (no traceEvents list)")
         offset, uncertainty = clock_offset_us(events, window.syncs, trace.get("baseTimeNanoseconds"),
                                          window.unix_minus_perf_s)
-        curve = EnergyCurve.from_window(window.start.t, window.start.energy, end.t, end.energy, samples)
+        curve = EnergyCurve.from_window(window.start.t, start_J, end.t, end_J, samples)
         estimated = set(self.estimated_sensors) & set(measured.energy_J)
         attribution = attribute_energy(events, curve, offset, estimated=bool(estimated))
         pid = next((e.get("pid") for e in events if e.get("name") == SYNC_MARKER), os.getpid())
@@ -336,8 +351,16 @@ class EnergyProfiler(Callback):
             "profiler/window_W": measured.mean_power_W,
             "profiler/idle_J": attribution.idle_J,
         }
+        self.log_metrics(trainer, metrics, step)
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("energy/ops", attribution.markdown(self.top_ops), global_step=step)
                 logger.experiment.flush()
+
+
+def _measure_only(start: Mark, end: Mark, names: set[str]) -> Measurement:
+    """The measurement between two resolved marks over the sensors in ``names`` only."""
+    m = measure(start, end)
+    energy = {n: j for n, j in m.energy_J.items() if n in names}
+    bound = sum(bound_between(start.bounds.get(n), end.bounds.get(n)) for n in energy) if energy else 0.0
+    return Measurement(m.start_s, m.end_s, energy, tuple(n for n in m.missing if n in names), m.extrapolated, bound)
