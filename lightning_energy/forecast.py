@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from lightning_energy.meter import measure
+from lightning_energy.meter import Mark
 
 
 class ForecastUnavailable(ValueError):
@@ -169,97 +169,129 @@ def _identity(local: dict[str, float]) -> dict[str, float]:
     return local
 
 
-class ForecastTracker:
-    """The forecast's bookkeeping over one fit, driven by boundary calls on the training thread.
+_WHOLE_EPOCH = object()  # the warm-up was over before the epoch began: all of its training is steady
 
-    ``ForecastCallback`` calls these from its Lightning hooks; tests drive them on a fake clock. Marks
-    come from ``meter``; only :meth:`epoch_end`, :meth:`forecast_now` and :meth:`fit_end` wait for
-    the samples. ``merge`` combines a dict of this rank's figures over ranks (J summed, s slowest).
+
+class ForecastTracker:
+    """The forecast's bookkeeping over one fit, fed the figures of the Trainer's timeline (it places no mark).
+
+    ``ForecastCallback`` hands on what the timeline delivers: every step's figures (:meth:`step`, this
+    rank), every epoch's (:meth:`epoch`, all ranks, with this rank's cumulative energy per sensor at the
+    epoch's end) and the fit's end mark (:meth:`fit_end`); :meth:`forecast_now` forecasts within an epoch
+    from a resolved mark. Nothing here waits or reads a sensor. Tests feed hand-built figures on a fake
+    clock. ``fit_start``: the timeline's resolved fit-start mark. ``names``: the sensors counted (None:
+    every sensor in the figures). ``merge`` combines a dict of this rank's figures over ranks (keys ending
+    ``J`` summed, ``s`` the slowest rank's); epoch and loop figures are all ranks' already.
+
+    The warm-up ends with the step in which the ``warmup_batches``-th training batch falls (with gradient
+    accumulation a step is several batches); the steady rate is measured from that step's end.
     """
 
-    def __init__(self, meter, fit_start, plan: PlannedRun, warmup_batches: int, g_per_J: float = 0.0,
-                 merge=_identity) -> None:
+    def __init__(self, fit_start: Mark, plan: PlannedRun, warmup_batches: int, g_per_J: float = 0.0,
+                 merge=_identity, names: list[str] | None = None) -> None:
         if warmup_batches < 0:
             raise ValueError(f"warm-up must be >= 0 batches, got {warmup_batches}")
-        self.meter = meter
         self.fit_start = fit_start
         self.warmup_batches = warmup_batches
+        self.names = None if names is None else list(names)
         self.forecaster = Forecaster(plan, g_per_J)
         self.forecasts: list[Forecast] = []
         self.merge = merge
-        self.batches = 0  # training batches of this fit
-        self._previous_end = None
-        self._epoch_start = None
+        self.batches = 0  # training batches of this fit in the steps measured so far
+        self._epoch_batches: dict[int, int] = {}
+        self._epoch_steady_batches: dict[int, int] = {}
+        self._epoch_first_start: dict[int, Mark] = {}  # the start of each epoch's first step
+        self._steady_from: dict[int, object] = {}  # epoch -> the mark where warm-up ended in it, or _WHOLE_EPOCH
+        self._warm = warmup_batches == 0
+        self._previous: tuple[float, float] | None = None  # (J, s) since fit start at the previous epoch's end
 
-    def epoch_start(self) -> None:
-        self._epoch_start = self.meter.mark()
-        self._steady_start = self._epoch_start if self.batches >= self.warmup_batches else None
-        self._epoch_batches = 0
-        self._steady_batches = 0
-        self._validation: list[tuple] = []
-        self._validation_start = None
+    # ------------------------------------------------------------------ energy of the counted sensors
+    def _counted(self, energy_J: dict[str, float]) -> float:
+        return sum(j for n, j in energy_J.items() if self.names is None or n in self.names)
 
-    def batch_end(self) -> None:
-        self.batches += 1
-        self._epoch_batches += 1
-        if self._steady_start is not None:
-            self._steady_batches += 1
-        elif self.batches == self.warmup_batches:
-            self._steady_start = self.meter.mark()
+    def _since_fit_start(self, energy: dict[str, float | None]) -> float:
+        """This rank's J of the counted sensors from fit start to a point with cumulative ``energy``."""
+        start = self.fit_start.energy or {}
+        names = self.names if self.names is not None else list(energy)
+        return sum(energy[n] - start[n] for n in names
+                   if energy.get(n) is not None and start.get(n) is not None)
 
-    def validation_start(self) -> None:
-        self._validation_start = self.meter.mark()
+    # ------------------------------------------------------------------ what the timeline delivers
+    def step(self, figures) -> None:
+        """One optimizer step of this rank (:class:`~lightning_energy.integration.timeline.StepFigures`)."""
+        epoch = figures.epoch
+        if epoch not in self._epoch_first_start:
+            self._epoch_first_start[epoch] = figures.start
+            if self._warm:
+                self._steady_from[epoch] = _WHOLE_EPOCH
+        self.batches += figures.batches
+        self._epoch_batches[epoch] = self._epoch_batches.get(epoch, 0) + figures.batches
+        if self._warm:  # a step after the warm-up
+            self._epoch_steady_batches[epoch] = self._epoch_steady_batches.get(epoch, 0) + figures.batches
+        elif self.batches >= self.warmup_batches:
+            self._warm = True  # warm-up ends with this step: the steady rate is measured from its end
+            self._steady_from[epoch] = figures.end
 
-    def validation_end(self) -> None:
-        if self._validation_start is not None:
-            self._validation.append((self._validation_start, self.meter.mark()))
-            self._validation_start = None
+    def epoch(self, figures, end_energy: dict[str, float | None]) -> Forecast:
+        """Close an epoch and forecast: ``figures`` (:class:`~lightning_energy.integration.timeline.EpochFigures`,
+        all ranks, validation excluded) and this rank's cumulative J per sensor at the epoch's end."""
+        epoch = figures.epoch
+        train_J, train_s = self._counted(figures.energy_J), figures.duration_s
+        val_J = sum(self._counted(loop.energy_J) for loop in figures.validation)
+        val_s = sum(loop.duration_s for loop in figures.validation)
+        steady_from = self._steady_from.get(epoch)
+        local = {"fit_J": self._since_fit_start(end_energy), "fit_s": figures.end_s - self.fit_start.t,
+                 "steady_J": 0.0, "steady_s": 0.0}
+        if isinstance(steady_from, Mark):
+            local["steady_J"] = local["fit_J"] - self._since_fit_start(steady_from.energy)
+            local["steady_s"] = figures.end_s - steady_from.t
+        m = self.merge(local)  # collective under DDP: every rank calls it for every epoch
+        if steady_from is _WHOLE_EPOCH:
+            steady_J, steady_s = train_J, train_s
+        elif isinstance(steady_from, Mark):
+            after = [loop for loop in figures.validation if loop.start_s >= steady_from.t]
+            steady_J = m["steady_J"] - sum(self._counted(loop.energy_J) for loop in after)
+            steady_s = m["steady_s"] - sum(loop.duration_s for loop in after)
+        else:
+            steady_J = steady_s = 0.0
+        gap_J = gap_s = None
+        if self._previous is not None:  # the rest since the previous epoch's end: the gap before this epoch
+            gap_J = m["fit_J"] - self._previous[0] - train_J - val_J
+            gap_s = m["fit_s"] - self._previous[1] - train_s - val_s
+        self.forecaster.add_epoch(EpochObservation(
+            epoch, self._epoch_batches.get(epoch, 0), self._epoch_steady_batches.get(epoch, 0), steady_J, steady_s,
+            train_J, train_s, val_J, val_s, gap_J, gap_s))
+        self._previous = (m["fit_J"], m["fit_s"])
+        done = sum(n for e, n in self._epoch_batches.items() if e <= epoch)  # later steps may be in already
+        return self._predict(m["fit_J"], m["fit_s"], done, epoch=epoch)
 
-    def epoch_end(self, epoch: int | None = None) -> Forecast:
-        """Close the epoch and forecast (waits for the samples to cover its end)."""
-        end = self.meter.wait(self.meter.mark())
-        observation = self._observe(end, epoch, partial=False)
-        self.forecaster.add_epoch(observation)
-        self._previous_end = end
-        return self._predict(end, epoch=observation.epoch)
+    def forecast_now(self, now: Mark, epoch: int) -> Forecast:
+        """A forecast within ``epoch`` at the resolved mark ``now`` (every step before it delivered)."""
+        here = self._since_fit_start(now.energy)
+        local = {"fit_J": here, "fit_s": now.t - self.fit_start.t, "train_J": 0.0, "train_s": 0.0,
+                 "steady_J": 0.0, "steady_s": 0.0}
+        first = self._epoch_first_start.get(epoch)
+        if first is not None:
+            local["train_J"], local["train_s"] = here - self._since_fit_start(first.energy), now.t - first.t
+        steady_from = self._steady_from.get(epoch)
+        if steady_from is _WHOLE_EPOCH:
+            local["steady_J"], local["steady_s"] = local["train_J"], local["train_s"]
+        elif isinstance(steady_from, Mark):
+            local["steady_J"] = here - self._since_fit_start(steady_from.energy)
+            local["steady_s"] = now.t - steady_from.t
+        m = self.merge(local)
+        partial = EpochObservation(epoch, self._epoch_batches.get(epoch, 0), self._epoch_steady_batches.get(epoch, 0),
+                                   m["steady_J"], m["steady_s"], m["train_J"], m["train_s"])
+        return self._predict(m["fit_J"], m["fit_s"], self.batches, partial=partial)
 
-    def forecast_now(self) -> Forecast:
-        """A forecast within the current epoch (waits for the samples to cover now)."""
-        now = self.meter.wait(self.meter.mark())
-        return self._predict(now, partial=self._observe(now, None, partial=True))
-
-    def fit_end(self) -> tuple[float, float, list[dict]]:
-        """(actual J, actual s, each forecast's error) once the fit is over."""
-        end = self.meter.wait(self.meter.mark())
-        actual = self.merge({"J": measure(self.fit_start, end).total_J, "s": end.t - self.fit_start.t})
+    def fit_end(self, end: Mark) -> tuple[float, float, list[dict]]:
+        """(actual J, actual s, each forecast's error) at the fit's resolved end mark."""
+        actual = self.merge({"J": self._since_fit_start(end.energy), "s": end.t - self.fit_start.t})
         return actual["J"], actual["s"], forecast_errors(self.forecasts, actual["J"], actual["s"])
 
-    def _observe(self, end, epoch: int | None, partial: bool) -> EpochObservation:
-        validation = [measure(a, b) for a, b in self._validation if b.resolved]
-        val_J, val_s = sum(v.total_J for v in validation), sum(v.duration_s for v in validation)
-        window = measure(self._epoch_start, end)
-        local = {"train_J": window.total_J - val_J, "train_s": window.duration_s - val_s,
-                 "steady_J": 0.0, "steady_s": 0.0, "inner_J": 0.0, "inner_s": 0.0, "gap_J": 0.0, "gap_s": 0.0}
-        if self._steady_start is not None:
-            after = [v for v in validation if v.start_s >= self._steady_start.t]
-            steady = measure(self._steady_start, end)
-            local["steady_J"] = steady.total_J - sum(v.total_J for v in after)
-            local["steady_s"] = steady.duration_s - sum(v.duration_s for v in after)
-        has_gap = not partial and self._previous_end is not None
-        if not partial:
-            local["inner_J"], local["inner_s"] = val_J, val_s
-        if has_gap:
-            gap = measure(self._previous_end, self._epoch_start)
-            local["gap_J"], local["gap_s"] = gap.total_J, gap.duration_s
-        m = self.merge(local)
-        return EpochObservation(epoch if epoch is not None else len(self.forecaster.epochs), self._epoch_batches,
-                                self._steady_batches, m["steady_J"], m["steady_s"], m["train_J"], m["train_s"],
-                                m["inner_J"], m["inner_s"], m["gap_J"] if has_gap else None,
-                                m["gap_s"] if has_gap else None)
-
-    def _predict(self, now, partial: EpochObservation | None = None, epoch: int | None = None) -> Forecast:
-        so_far = self.merge({"J": measure(self.fit_start, now).total_J, "s": now.t - self.fit_start.t})
-        forecast = self.forecaster.predict(so_far["J"], so_far["s"], self.batches, len(self.forecaster.epochs),
+    def _predict(self, so_far_J: float, so_far_s: float, batches_done: int,
+                 partial: EpochObservation | None = None, epoch: int | None = None) -> Forecast:
+        forecast = self.forecaster.predict(so_far_J, so_far_s, batches_done, len(self.forecaster.epochs),
                                            partial=partial, epoch=epoch)
         self.forecasts.append(forecast)
         return forecast

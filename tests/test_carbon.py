@@ -11,7 +11,9 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+import torch
+
+from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.carbon import CARBON_REPORT_FILE, CarbonCallback
 from lightning_energy.carbon import (
@@ -125,7 +127,8 @@ def fit(tmp_path, *callbacks, **overrides):
 
 def test_co2_per_epoch_is_energy_times_intensity_times_pue(tmp_path, capsys):
     carbon = CarbonCallback(intensity_g_per_kWh=400.0, pue=1.5, sensors=sensors())
-    trainer = fit(tmp_path, carbon, max_epochs=3)
+    logger = RecordingLogger(tmp_path)
+    trainer = fit(tmp_path, carbon, max_epochs=3, logger=logger)
     report = json.loads((carbon.report_path).read_text())
     assert carbon.report_path.name == CARBON_REPORT_FILE
     rows = report["epochs"]
@@ -138,9 +141,10 @@ def test_co2_per_epoch_is_energy_times_intensity_times_pue(tmp_path, capsys):
     assert report["total_J"] == pytest.approx((DEVICE_W + HOST_W) * report["duration_s"], rel=1e-9)
     assert report["total_gCO2e"] == pytest.approx(report["total_J"] / 3.6e6 * 600.0, rel=1e-12)
     assert report["intensity"]["kind"] == "user" and report["pue"] == 1.5 and report["estimated"] is False
-    logged = trainer.logged_metrics
-    assert float(logged["carbon/epoch_gCO2e"]) == pytest.approx(rows[-1]["gCO2e"], rel=1e-6)
-    assert float(logged["carbon/total_gCO2e"]) == pytest.approx(rows[-1]["total_gCO2e"], rel=1e-6)
+    # through every logger, once per epoch at the epoch's step
+    assert logger.values("carbon/epoch_gCO2e") == pytest.approx([r["gCO2e"] for r in rows], rel=1e-12)
+    assert logger.values("carbon/total_gCO2e") == pytest.approx([r["total_gCO2e"] for r in rows], rel=1e-12)
+    assert logger.steps("carbon/epoch_gCO2e") == [10, 20, 30]
     assert trainer.progress_bar_metrics["gCO2e"] == pytest.approx(rows[-1]["total_gCO2e"], rel=1e-6)
     assert "gCO2e" in capsys.readouterr().out
 
@@ -153,7 +157,12 @@ def test_carbon_reuses_the_energy_callbacks_sensors_and_agrees_with_it(tmp_path)
     # no sensors of its own: had it not shared the simulated ones, it would read this machine's CPU estimate
     assert carbon.report["estimated"] is False
     assert carbon.report["total_J"] == pytest.approx((DEVICE_W + HOST_W) * carbon.report["duration_s"], rel=1e-9)
-    assert carbon.report["total_J"] == pytest.approx(energy.report["total_J"], rel=0.25)  # windows hooks apart
+    # one timeline: the same fit window as the EnergyCallback's, so the same joules
+    assert carbon.report["total_J"] == pytest.approx(energy.report["total_J"], rel=1e-12)
+    assert carbon.report["duration_s"] == energy.report["duration_s"]
+    for row, energy_row in zip(carbon.report["epochs"], energy.report["epochs"], strict=True):
+        assert row["energy_J"] == pytest.approx(energy_row["train_J"] + energy_row["validation_J"], rel=1e-12)
+        assert row["total_J"] == pytest.approx(energy_row["total_J"], rel=1e-12)
 
 
 def test_world_average_is_used_with_a_warning(tmp_path):
@@ -177,14 +186,44 @@ def test_total_co2_continues_across_a_resume(tmp_path):
     first = CarbonCallback(intensity_g_per_kWh=300.0, sensors=sensors(), verbose=False)
     fit(tmp_path, first, ModelCheckpoint(dirpath=ckpt, save_last=True), max_epochs=1, enable_checkpointing=True)
     before_J = first.report["epochs"][-1]["total_J"]
+    saved = torch.load(ckpt / "last.ckpt", weights_only=False)["callbacks"]["CarbonCallback"]
     second = CarbonCallback(intensity_g_per_kWh=300.0, sensors=sensors(), verbose=False)
     trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt, save_last=True)],
                         **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
     trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt / "last.ckpt")
     report = second.report
+    # the checkpoint's total runs to when it was written: after the epoch's end, before the fit's
+    assert before_J < saved["total_J"] < first.report["total_J"]
+    # the epoch's row, measured (or, when its figures had not arrived yet, estimated from the samples then)
+    assert saved["epochs"][0]["energy_J"] == pytest.approx(first.report["epochs"][0]["energy_J"], rel=1e-9)
     assert [r["epoch"] for r in report["epochs"]] == [0, 1]
-    assert report["resumed_total_J"] == pytest.approx(before_J)
-    assert report["total_J"] == pytest.approx(before_J + (DEVICE_W + HOST_W) * report["duration_s"], rel=1e-9)
+    assert report["resumed_total_J"] == saved["total_J"]
+    assert report["total_J"] == pytest.approx(saved["total_J"] + (DEVICE_W + HOST_W) * report["duration_s"],
+                                              rel=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch ended")
+def test_a_checkpoint_inside_an_epoch_keeps_the_energy_so_far(tmp_path):
+    """Before: the state held the total at the last epoch's end only, so a mid-epoch checkpoint of the
+    first epoch carried nothing and the resumed fit started again from 0 J."""
+    ckpt = tmp_path / "ckpt"
+    first = CarbonCallback(intensity_g_per_kWh=300.0, sensors=sensors(), verbose=False)
+    fit(tmp_path, first, ModelCheckpoint(dirpath=ckpt, every_n_train_steps=5, save_last=True), max_steps=5,
+        enable_checkpointing=True)
+    saved = torch.load(ckpt / "last.ckpt", weights_only=False)["callbacks"]["CarbonCallback"]
+    assert saved["epochs"] == []
+    assert 0 < saved["total_J"] < first.report["total_J"]
+    second = CarbonCallback(intensity_g_per_kWh=300.0, sensors=sensors(), verbose=False)
+    trainer = L.Trainer(callbacks=[second, ModelCheckpoint(dirpath=ckpt, every_n_train_steps=5, save_last=True)],
+                        **trainer_kwargs(tmp_path, max_epochs=1, enable_checkpointing=True))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt / "last.ckpt")
+    report = second.report
+    assert report["resumed_total_J"] == saved["total_J"]
+    assert report["total_J"] == pytest.approx(saved["total_J"] + (DEVICE_W + HOST_W) * report["duration_s"],
+                                              rel=1e-9)
+    assert [r["epoch"] for r in report["epochs"]] == [0]
+    assert report["epochs"][0]["total_J"] > saved["total_J"]
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

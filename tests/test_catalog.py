@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import multiprocessing
+import re
 import sqlite3
 
 import lightning as L
@@ -182,6 +183,53 @@ def test_unwritable_catalog_fails_before_training(tmp_path):
     with pytest.raises((OSError, sqlite3.Error)):
         trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
     assert trainer.global_step == 0
+
+
+def _only_warning(record, match: str) -> str:
+    mine = [w for w in record if "lightning-energy" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in mine]
+    assert re.search(match, str(mine[0].message)), str(mine[0].message)
+    return str(mine[0].message)
+
+
+def test_a_damaged_catalog_never_fails_the_fit(tmp_path):
+    """Before: the damaged file failed the fit at set-up (and a failing write at its end would have too)."""
+    path = tmp_path / CATALOG_FILE
+    path.write_text("this is not a database, " * 100)
+    callback = CatalogCallback(sensors=sensors(), count_flops=False)
+    trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=2))
+    with pytest.warns(UserWarning) as record:
+        trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    assert trainer.current_epoch == 2 and trainer.state.finished
+    message = _only_warning(record, r"fit not recorded in the catalog: .*energy_catalog.sqlite is not a "
+                                    r"lightning-energy run catalog")
+    assert callback.record_id is None and callback.problems == [message.split("catalog: ", 1)[1]]
+    assert callback.record["energy_J"] > 0  # the record was made, only not stored
+    attributes = json.loads((tmp_path / "lightning_logs" / "version_0" / RUN_ATTRIBUTES_FILE).read_text())
+    assert attributes["catalog_id"] is None and attributes["model"] == "conftest.TinyRegressor"
+
+
+def test_a_catalog_locked_past_the_timeout_never_fails_the_fit(tmp_path, monkeypatch):
+    from lightning_energy.callbacks import catalog as catalog_callbacks
+
+    monkeypatch.setattr(catalog_callbacks, "CATALOG_TIMEOUT_S", 0.2)
+    path = tmp_path / CATALOG_FILE
+    Catalog(path).add(record())
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing for longer than the callback waits
+    try:
+        callback = CatalogCallback(sensors=sensors(), count_flops=False)
+        trainer = L.Trainer(callbacks=[callback], **trainer_kwargs(tmp_path, max_epochs=1))
+        with pytest.warns(UserWarning) as record_:
+            trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert trainer.current_epoch == 1 and trainer.state.finished
+    _only_warning(record_, r"fit not recorded in the catalog: run catalog .* is locked by another process "
+                           r"\(waited 0.2 s\)")
+    assert callback.record_id is None and len(callback.problems) == 1
+    assert [f["id"] for f in Catalog(path).list()] == [1]  # nothing half-written
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -10,12 +10,13 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import EarlyStopping
 
-from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import SimulatedSensor
 from lightning_energy.callbacks.carbon import CarbonCallback
 from lightning_energy.callbacks.forecast import FORECAST_REPORT_FILE, ForecastCallback
 from lightning_energy.forecast import ForecastTracker, ForecastUnavailable, plan_run
-from lightning_energy.meter import Meter
+from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
+from lightning_energy.meter import Meter, measure
 
 WATTS = 150.0
 
@@ -46,7 +47,12 @@ def test_plan_of_an_unsized_loader_needs_max_steps():
 
 # ---------------------------------------------------------------- the model on a fake clock
 class SimulatedFit:
-    """A fit on a hand-driven clock: sensor power follows a known trace, every boundary at a known time."""
+    """A fit on a hand-driven clock: sensor power follows a known trace, every boundary at a known time.
+
+    The test stands in for the Trainer's timeline: it places the boundaries' marks and hands the tracker
+    what the timeline delivers (each step's figures, then each epoch's, validation excluded, with the
+    energy at the epoch's end); the tracker itself places no mark.
+    """
 
     def __init__(self, sampler, clock, trace, plan, warmup_batches, every_s=0.01):
         sensor = SimulatedSensor("device", trace, kind="energy", clock=clock)  # an exact counter
@@ -56,23 +62,56 @@ class SimulatedFit:
         sampler.add_meter(self.meter)
         self.sampler, self.clock, self.every_s, self.sensor = sampler, clock, every_s, sensor
         self.start_t = clock()
-        self.tracker = ForecastTracker(self.meter, self.meter.wait(self.meter.mark()), plan, warmup_batches)
+        self.tracker = ForecastTracker(self.mark(), plan, warmup_batches)
+        self.epoch_number, self.step_number = 0, 0
+
+    def mark(self):
+        mark = self.meter.wait(self.meter.mark(), timeout_s=0.0)  # a sample is at this very time: exact
+        assert not mark.extrapolated
+        return mark
 
     def spend(self, seconds: float) -> None:
         for _ in range(round(seconds / self.every_s)):
             self.clock.advance(self.every_s)
             self.sampler.sample_once()
 
+    def begin_epoch(self) -> None:
+        self._epoch_start, self._loops, self._steps_J = self.mark(), [], 0.0
+
+    def batch(self, seconds: float) -> None:
+        start = self.mark()
+        self.spend(seconds)
+        end = self.mark()
+        self.step_number += 1
+        window = measure(start, end)
+        self._steps_J += window.total_J
+        self.tracker.step(StepFigures(self.step_number, self.epoch_number, 1, True, window, {}, start, end))
+
+    def validation(self, seconds: float) -> None:
+        start = self.mark()
+        self.spend(seconds)
+        end = self.mark()
+        m = measure(start, end)
+        self._loops.append(LoopFigures("val", self.epoch_number, self.step_number, True, dict(m.energy_J),
+                                       m.duration_s, start.t, end.t))
+
+    def end_epoch(self):
+        end = self.mark()
+        window = measure(self._epoch_start, end)
+        energy = {n: j - sum(loop.energy_J.get(n, 0.0) for loop in self._loops) for n, j in window.energy_J.items()}
+        figures = EpochFigures(self.epoch_number, self.step_number, energy,
+                               window.duration_s - sum(loop.duration_s for loop in self._loops), tuple(self._loops),
+                               0, self._steps_J, {}, math.nan, window.start_s, window.end_s)
+        self.epoch_number += 1
+        return self.tracker.epoch(figures, end.energy)
+
     def epoch(self, batch_s: list[float], validation_s: float, gap_s: float):
-        self.tracker.epoch_start()
+        self.begin_epoch()
         for seconds in batch_s:
-            self.spend(seconds)
-            self.tracker.batch_end()
+            self.batch(seconds)
         if validation_s:
-            self.tracker.validation_start()
-            self.spend(validation_s)
-            self.tracker.validation_end()
-        forecast = self.tracker.epoch_end()
+            self.validation(validation_s)
+        forecast = self.end_epoch()
         self.spend(gap_s)  # checkpointing and hooks before the next epoch
         return forecast
 
@@ -91,7 +130,7 @@ def run_fit(sampler, clock, trace, epochs=4, batches=8, batch_s=0.05, first_batc
         if epoch == 0 and first_batch_s is not None:
             times[0] = first_batch_s
         forecasts.append(fit.epoch(times, validation_s, gap_s))
-    actual_J, actual_s, errors = fit.tracker.fit_end()
+    actual_J, actual_s, errors = fit.tracker.fit_end(fit.mark())
     return fit, forecasts, actual_J, actual_s, errors
 
 
@@ -135,11 +174,10 @@ def test_excluding_warm_up_makes_the_first_forecast_exact(manual_sampler, clock)
 
 def test_a_forecast_within_the_first_epoch(manual_sampler, clock):
     fit = SimulatedFit(manual_sampler, clock, WATTS, plan_run(10, max_epochs=2), warmup_batches=2)
-    fit.tracker.epoch_start()
+    fit.begin_epoch()
     for _ in range(5):
-        fit.spend(0.04)
-        fit.tracker.batch_end()
-    forecast = fit.tracker.forecast_now()
+        fit.batch(0.04)
+    forecast = fit.tracker.forecast_now(fit.mark(), epoch=0)
     assert forecast.epoch is None and forecast.batches_done == 5
     assert forecast.total_s == pytest.approx(20 * 0.04, rel=1e-9)  # no validation, no gaps: batches only
     assert forecast.total_J == pytest.approx(WATTS * 20 * 0.04, rel=1e-9)
@@ -156,8 +194,10 @@ def test_callback_logs_the_forecast_each_epoch_and_reports_errors(tmp_path, caps
     forecast = ForecastCallback(sensors=[SimulatedSensor("device", WATTS)])
     carbon = CarbonCallback(intensity_g_per_kWh=200.0, pue=1.1, sensors=[SimulatedSensor("device", WATTS)],
                             verbose=False)
-    trainer = fit_with(tmp_path, carbon, forecast, max_epochs=3, limit_train_batches=0.5)
-    report = json.loads((tmp_path / "lightning_logs" / "version_0" / FORECAST_REPORT_FILE).read_text())
+    logger = RecordingLogger(tmp_path)
+    trainer = fit_with(tmp_path, carbon, forecast, max_epochs=3, limit_train_batches=0.5, logger=logger)
+    assert forecast.report_path == tmp_path / FORECAST_REPORT_FILE  # the logger's log dir
+    report = json.loads(forecast.report_path.read_text())
     assert report["plan"]["batches_per_epoch"] == 5 and report["plan"]["total_batches"] == 15
     assert report["warmup_steps"] == 1  # 10 % of 5 batches, at least one
     assert report["actual"]["batches"] == 15 and report["actual"]["epochs"] == 3
@@ -171,11 +211,13 @@ def test_callback_logs_the_forecast_each_epoch_and_reports_errors(tmp_path, caps
     for e, f in zip(report["errors"], report["forecasts"]):
         assert e["error_J"] == pytest.approx(f["total_J"] - actual["total_J"], rel=1e-12, abs=1e-12)
         assert e["error_pct"] == pytest.approx(100 * e["error_J"] / actual["total_J"], rel=1e-12, abs=1e-12)
-    logged = trainer.logged_metrics
-    assert float(logged["forecast/total_J"]) == pytest.approx(report["forecasts"][-1]["total_J"], rel=1e-6)
-    assert float(logged["forecast/total_s"]) == pytest.approx(report["forecasts"][-1]["total_s"], rel=1e-6)
-    assert float(logged["forecast/total_gCO2e"]) == pytest.approx(report["forecasts"][-1]["total_gCO2e"], rel=1e-6)
-    assert {"forecast_kJ", "forecast_gCO2e"} <= set(trainer.progress_bar_metrics)
+    # through every logger, once per epoch at the epoch's step; the latest also in the callback metrics
+    for key in ("total_J", "total_s", "total_gCO2e"):
+        assert logger.values(f"forecast/{key}") == pytest.approx([f[key] for f in report["forecasts"]], rel=1e-12)
+        assert float(trainer.callback_metrics[f"forecast/{key}"]) == pytest.approx(
+            report["forecasts"][-1][key], rel=1e-6)
+    assert logger.steps("forecast/total_J") == [5, 10, 15]
+    assert trainer.progress_bar_metrics["forecast_kJ"] == pytest.approx(report["forecasts"][-1]["total_J"] / 1000)
     out = capsys.readouterr().out
     assert "lightning-energy forecast" in out and "error %" in out
 
@@ -200,33 +242,41 @@ def test_start_after_steps_forecasts_before_the_first_epoch_ends(tmp_path):
 
 
 class ProgressBarProbe(L.Callback):
-    """After each training batch: what the progress bar shows and what the callback metrics hold."""
+    """After each training batch: what the progress bar shows, what the callback metrics hold and how many
+    forecasts the ForecastCallback has made so far."""
 
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int, dict, dict]] = []
+    def __init__(self, forecast: ForecastCallback) -> None:
+        self.forecast = forecast
+        self.seen: list[tuple[int, int, dict, dict, int]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         shown = trainer.progress_bar_callback.get_metrics(trainer, pl_module)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("forecast/")}
-        self.seen.append((trainer.current_epoch, batch_idx, dict(shown), metrics))
+        self.seen.append((trainer.current_epoch, batch_idx, dict(shown), metrics, len(self.forecast.forecasts)))
 
 
 def test_the_first_forecast_is_in_the_progress_bar_as_soon_as_it_exists(tmp_path):
     forecast = ForecastCallback(warmup_steps=2, start_after_steps=5, sensors=[SimulatedSensor("device", WATTS)],
                                 verbose=False)
-    probe = ProgressBarProbe()
+    probe = ProgressBarProbe(forecast)
     fit_with(tmp_path, forecast, probe, max_epochs=2, enable_progress_bar=True)
-    first, after_epoch_0 = forecast.report["forecasts"][:2]
-    for epoch, batch_idx, shown, metrics in probe.seen:
-        if epoch == 0 and batch_idx < 4:  # before the 5th batch: nothing to show yet
+    forecasts = forecast.report["forecasts"]
+    first, after_epoch_0 = forecasts[:2]
+    assert first["batches_done"] == 5 and first["total_J"] != pytest.approx(after_epoch_0["total_J"], rel=1e-9)
+    made = [count for *_, count in probe.seen]
+    # the forecast at batch 5 at once; the epoch-0 update when epoch 0's figures arrive: once samples cover
+    # the epoch's end (within one sampling interval), at a later step's boundary or at the fit's end
+    assert made[:4] == [0] * 4 and made[4:10] == [1] * 6
+    assert made == sorted(made) and made[-1] <= 2 and len(forecasts) == 3
+    for epoch, batch_idx, shown, metrics, count in probe.seen:
+        if count == 0:  # before the 5th batch: nothing to show yet
             assert "forecast_kJ" not in shown and not metrics
             continue
-        expected = first if epoch == 0 else after_epoch_0  # the forecast at batch 5, then the epoch-0 update
+        expected = forecasts[count - 1]  # the latest forecast made
         assert float(shown["forecast_kJ"]) == pytest.approx(expected["total_J"] / 1000.0, rel=1e-6)
         assert float(shown["forecast_gCO2e"]) == pytest.approx(expected["total_gCO2e"], rel=1e-6)
         assert metrics["forecast/total_J"] == pytest.approx(expected["total_J"], rel=1e-6)
         assert metrics["forecast/total_s"] == pytest.approx(expected["total_s"], rel=1e-6)
-    assert first["batches_done"] == 5 and first["total_J"] != pytest.approx(after_epoch_0["total_J"], rel=1e-9)
     assert len(probe.seen) == 20
 
 

@@ -9,32 +9,34 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
 from lightning_energy.carbon import (
     JOULES_PER_KWH, CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import EpochFigures
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.meter import measure
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 
 CARBON_REPORT_FILE = "carbon_report.json"
 
 
-class CarbonCallback(Callback):
+class CarbonCallback(MeteredCallback):
     """CO2e of training: energy (kWh) x carbon intensity (gCO2e/kWh) x PUE, per epoch and in total.
 
-    The energy comes from this callback's own window on the shared meter (the sensors of an
-    ``EnergyCallback`` in the same Trainer when there is one, else auto-detected or given), so it
-    works alone and agrees with ``EnergyCallback`` when both are used. Estimated energy (no sensor)
-    gives estimated CO2e, flagged in the report.
+    The energy is read from the Trainer's timeline (the windows every suite callback reads) for this
+    callback's sensors: those of an ``EnergyCallback`` in the same Trainer when ``sensors`` is None
+    (wherever it is listed), else auto-detected or given. So it works alone and, beside an
+    ``EnergyCallback`` with the same sensors, its totals are that callback's. Estimated energy (no
+    sensor) gives estimated CO2e, flagged in the report.
 
-    Logged metrics:
+    Logged metrics, through every Lightning logger at the epoch's step (a few steps after the epoch's
+    end in a single process, when its figures arrive):
 
     - ``carbon/epoch_gCO2e``: one training epoch including its validation (epoch start to epoch
       end), summed over ranks.
@@ -57,8 +59,8 @@ class CarbonCallback(Callback):
         pue: power usage effectiveness of the facility (>= 1).
         codecarbon_crosscheck: also run CodeCarbon's ``OfflineEmissionsTracker`` over the fit (rank
             zero; needs ``country_iso_code``; CodeCarbon runs its own measuring thread).
-        sensors, backend, interval_s: as for ``EnergyCallback``; unused when an ``EnergyCallback`` listed
-            before this callback in the Trainer is present (its sensors are shared).
+        sensors, backend, interval_s: as for ``EnergyCallback``; with ``sensors=None`` the sensors of an
+            ``EnergyCallback`` in the same Trainer are read.
         verbose: print a one-line summary at the end of fit.
     """
 
@@ -78,36 +80,31 @@ class CarbonCallback(Callback):
         super().__init__()
         self.intensity: CarbonIntensity = resolve_intensity(country_iso_code, region, intensity_g_per_kWh, energy_mix)
         self.pue = validate_pue(pue)
-        for flag, value in (("codecarbon_crosscheck", codecarbon_crosscheck), ("verbose", verbose)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        self.check_flags(codecarbon_crosscheck=codecarbon_crosscheck, verbose=verbose)
         if codecarbon_crosscheck and country_iso_code is None:
             raise ValueError("`codecarbon_crosscheck` needs `country_iso_code`: CodeCarbon's offline tracker "
                              "requires a country")
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self._user_sensors = self.check_sensors(sensors, backend)
         self.country_iso_code = country_iso_code
         self.region = region
         self.codecarbon_crosscheck = codecarbon_crosscheck
         self.backend = backend
-        self.interval_s = float(interval_s)
+        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
         self.report: dict | None = None
         self.report_path: Path | None = None
         self._resumed: dict = {}
-        self._session: MeterSession | None = None
+        self._final_state: dict | None = None
+        self._trainer: Trainer | None = None
         self._tracker = None
         self._reset()
 
     def _reset(self) -> None:
-        self._fit_start: Mark | None = None
-        self._epoch_start: Mark | None = None
         self._epochs: list[dict] = list(self._resumed.get("epochs", []))
         self._total_J = self._resumed.get("total_J", 0.0)
         self._estimated = False
+        self._names: list[str] = []  # this rank's sensors
+        self._all_names: list[str] = []  # every rank's (all-rank figures are per sensor name, summed over ranks)
 
     @property
     def g_per_J(self) -> float:
@@ -120,67 +117,91 @@ class CarbonCallback(Callback):
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._session is not None:
+        if self.attachment is not None:
             return
-        self._resumed = {}
+        self._resumed, self._final_state = {}, None  # a checkpoint's state, if any, arrives after setup
         self._reset()
-        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
-        for note in self._session.notes:  # only when this callback detected sensors itself
-            rank_zero_warn(note)
-        self._estimated = any(getattr(s, "estimated", False) for s in self._session.sensors)
+        attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
+        self._names = self._all_names = attachment.sensor_names
+        self._estimated = any(getattr(s, "estimated", False) for s in attachment.sensors)
+        self._trainer = trainer
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
         if self.intensity.kind == "world_average":
             rank_zero_warn(f"lightning-energy: CO2e uses the {self.intensity.label}; give `country_iso_code`, "
                            "`intensity_g_per_kWh` or `energy_mix` for your grid")
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
+        self._trainer = None
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_tracker()
-        self._release()
+        self._trainer = None
+        super().on_exception(trainer, pl_module, exception)
 
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+    # ---------------------------------------------------------------- energy of this callback's sensors
+    def _J(self, energy_J: dict[str, float]) -> float:
+        """The energy of this callback's sensors (of every rank) in a figure's per-sensor dict (figures
+        carry every sensor of the session)."""
+        return sum(energy_J.get(name, 0.0) for name in self._all_names)
+
+    def _since_fit_start(self, end_s: float) -> float:
+        """This rank's J of this callback's sensors from the fit's start to ``end_s`` (sampler clock), from
+        the samples at hand (extrapolated from the last power past the latest sample)."""
+        start, sampler = self.timeline.fit_start, self.attachment.sampler
+        if start.resolved:
+            start_energy = start.energy
+        else:  # a provisional epoch (checkpoint) within the fit's first sampling interval
+            start_energy = sampler.energy_at(self._names, start.t if start.t is not None else end_s)[0]
+        end_energy, _ = sampler.energy_at(self._names, end_s)
+        return sum(end_energy[n] - start_energy[n] for n in self._names
+                   if end_energy.get(n) is not None and start_energy.get(n) is not None)
 
     # ---------------------------------------------------------------- fit
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # collective, like on_fit_start on every rank: host sensors live on local rank 0, devices per rank
+        self._all_names = sorted({n for rank in distributed.gather(trainer, self._names) for n in rank})
         if self.codecarbon_crosscheck and trainer.is_global_zero:
             self._tracker = _start_codecarbon(self.country_iso_code, self.region, self.pue, self._log_dir)
-        meter = self._session.meter
-        self._fit_start = meter.wait(meter.mark())
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._epoch_start = self._session.meter.mark()
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        end = meter.wait(meter.mark())
-        window = measure(self._epoch_start, end)
-        merged = distributed.merge(distributed.gather(trainer, {
-            "epoch_J": window.total_J, "fit_J": measure(self._fit_start, end).total_J, "seconds": window.duration_s,
-        }))
-        epoch_J = merged["epoch_J"]
-        self._total_J = self._resumed.get("total_J", 0.0) + merged["fit_J"]
-        row = {"epoch": trainer.current_epoch, "energy_J": epoch_J, "duration_s": merged["seconds"],
-               "gCO2e": self.co2e_g(epoch_J), "total_J": self._total_J, "total_gCO2e": self.co2e_g(self._total_J)}
+    def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
+        # all ranks' figures of one epoch; under DDP delivered at the epoch's end on every rank at once
+        row = self._epoch_row(trainer, figures)
         self._epochs.append(row)
-        for name, value in (("carbon/epoch_gCO2e", row["gCO2e"]), ("carbon/total_gCO2e", row["total_gCO2e"])):
-            pl_module.log(name, value, on_step=False, on_epoch=True, batch_size=1, rank_zero_only=True)
-        pl_module.log("gCO2e", row["total_gCO2e"], prog_bar=True, logger=False, on_step=False, on_epoch=True,
-                      batch_size=1, rank_zero_only=True)
+        self._total_J = row["total_J"]
+        self.log_metrics(trainer, {"carbon/epoch_gCO2e": row["gCO2e"], "carbon/total_gCO2e": row["total_gCO2e"]},
+                         figures.step)
+        self._show_total(trainer, row["total_gCO2e"])
+
+    def _epoch_row(self, trainer: Trainer, figures: EpochFigures, provisional: bool = False) -> dict:
+        """The report's row of one epoch, validation included (the epoch's start to its end). Collective
+        under DDP unless ``provisional`` (single process only)."""
+        epoch_J = self._J(figures.energy_J) + sum(self._J(loop.energy_J) for loop in figures.validation)
+        seconds = figures.duration_s + sum(loop.duration_s for loop in figures.validation)
+        local_J = self._since_fit_start(figures.end_s)
+        fit_J = local_J if provisional else sum(distributed.gather(trainer, local_J))
+        total_J = self._resumed.get("total_J", 0.0) + fit_J
+        row = {"epoch": figures.epoch, "energy_J": epoch_J, "duration_s": seconds, "gCO2e": self.co2e_g(epoch_J),
+               "total_J": total_J, "total_gCO2e": self.co2e_g(total_J)}
+        return {**row, "provisional": True} if provisional else row
+
+    @staticmethod
+    def _show_total(trainer: Trainer, grams: float) -> None:
+        bar = getattr(trainer._logger_connector, "_progress_bar_metrics", None)
+        if bar is None:
+            bar = trainer.progress_bar_metrics
+        bar["gCO2e"] = grams
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        end = meter.wait(meter.mark())
-        fit = measure(self._fit_start, end)
-        session_J = sum(distributed.gather(trainer, fit.total_J))
+        # the timeline has delivered every epoch, and resolved its fit end, before this runs
+        timeline = self.timeline
+        fit = measure(timeline.fit_start, timeline.fit_end)
+        session_J = sum(distributed.gather(trainer, self._J(fit.energy_J)))
+        total_J = self._resumed.get("total_J", 0.0) + session_J
+        self._final_state = {"total_J": total_J, "epochs": list(self._epochs)}  # for a checkpoint after the fit
         codecarbon = self._stop_tracker()
         if not trainer.is_global_zero:
             return
-        total_J = self._resumed.get("total_J", 0.0) + session_J
         self.report = {
             "intensity": self.intensity.as_dict(),
             "pue": self.pue,
@@ -211,9 +232,22 @@ class CarbonCallback(Callback):
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        if not self._epochs:
-            return dict(self._resumed)
-        return {"total_J": self._total_J, "epochs": list(self._epochs)}
+        """The total since the first fit (all ranks, J) up to now and the epochs so far, for resume.
+
+        Does not wait: the total reaches the latest samples (extrapolated by one sampling interval at
+        most), and an epoch ended but not yet delivered (single process: a few steps after its end) is
+        included as estimated from the samples at hand, marked ``provisional``. Collective under DDP, as
+        Lightning saves checkpoints on every rank.
+        """
+        trainer, timeline = self._trainer, self.timeline
+        if timeline is None or trainer is None or timeline.fit_start is None:
+            return dict(self._final_state if self._final_state is not None else self._resumed)
+        if timeline.fit_end is not None and self._final_state is not None:
+            return dict(self._final_state)
+        so_far = timeline.so_far(self._names)
+        pending = [self._epoch_row(trainer, f, provisional=True) for f in so_far["pending_epochs"]]
+        fit_J = sum(distributed.gather(trainer, so_far["fit_J"]))
+        return {"total_J": self._resumed.get("total_J", 0.0) + fit_J, "epochs": list(self._epochs) + pending}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = dict(state_dict)

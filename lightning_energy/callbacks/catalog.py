@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
 from lightning_energy.carbon import JOULES_PER_KWH, world_average
-from lightning_energy.catalog import CATALOG_FILE, Catalog
-from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
+from lightning_energy.catalog import CATALOG_FILE, Catalog, CatalogError, CatalogUnavailableError
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.io import try_atomic_write_json
+from lightning_energy.meter import measure
 from lightning_energy.report import version
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 from lightning_energy.sensors.estimate import cpu_model_name
-from lightning_energy.session import MeterSession, open_meter_session
 
 CHECKPOINT_KEY = "energy_metadata"
 RUN_ATTRIBUTES_FILE = "run_attributes.json"
+CATALOG_TIMEOUT_S = 10.0  # how long the end-of-fit write waits for another writer of the catalog
 
 
-class CatalogCallback(Callback):
+class CatalogCallback(MeteredCallback):
     """Record each fit in the SQLite run catalog and put the same energy metadata into each checkpoint.
 
     A record (and ``checkpoint["energy_metadata"]``) holds: model class, parameter count, FLOPs per
@@ -38,13 +39,22 @@ class CatalogCallback(Callback):
     ``run_attributes.json`` (model, precision, batch size and ``config``) for
     ``lightning-energy compare --by``. Nothing is logged as a metric.
 
+    The energy is read from the Trainer's timeline: the fit's record spans its start and end marks (the
+    same window as ``EnergyCallback``'s report); a checkpoint's figures reach the latest samples without
+    waiting (extrapolated from the last power by one sampling interval at most).
+
+    An unwritable catalog location (read-only, a file in the way, a full disk) fails the fit before
+    training; a catalog that cannot take the record at the end (locked by another process for over
+    ``CATALOG_TIMEOUT_S`` s, damaged, not a catalog) never fails it: the fit is warned about once as not
+    recorded (``record_id`` None, the reason in ``problems``) and ``run_attributes.json`` is still written.
+
     Args:
         catalog_path: the SQLite file (default ``<default_root_dir>/energy_catalog.sqlite``).
         config: extra attributes of the run to store (JSON-serialisable dict).
         flops_per_step: FLOPs of one training step, if known (skips counting).
         count_flops: count the FLOPs of the first training step when not given.
-        sensors, backend, interval_s: as for ``EnergyCallback``; unused when an ``EnergyCallback`` listed
-            before this callback in the Trainer is present (its sensors are shared).
+        sensors, backend, interval_s: as for ``EnergyCallback``; with ``sensors=None`` the sensors of an
+            ``EnergyCallback`` in the same Trainer are read (wherever it is listed).
     """
 
     def __init__(
@@ -63,62 +73,53 @@ class CatalogCallback(Callback):
         if flops_per_step is not None and (isinstance(flops_per_step, bool)
                                            or not isinstance(flops_per_step, (int, float)) or not flops_per_step > 0):
             raise ValueError(f"`flops_per_step` must be a number > 0 or None, got {flops_per_step!r}")
-        if not isinstance(count_flops, bool):
-            raise TypeError(f"`count_flops` must be a bool, got {type(count_flops).__name__}")
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.check_flags(count_flops=count_flops)
+        self._user_sensors = self.check_sensors(sensors, backend)
         self.catalog_path = None if catalog_path is None else Path(catalog_path)
         self.config = dict(config or {})
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.count_flops = count_flops
         self.backend = backend
-        self.interval_s = float(interval_s)
+        self.interval_s = self.check_interval(interval_s)
         self.record: dict | None = None
         self.record_id: int | None = None
+        self.problems: list[str] = []  # why the last fit's record or attributes could not be written
         self._resumed: dict = {}
-        self._session: MeterSession | None = None
         self._flop_counter = None
         self._snapshot_cache: tuple[int, dict] | None = None
-        self._fit_start: Mark | None = None
         self._running: tuple[Trainer, LightningModule] | None = None
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._session is not None or stage != TrainerFn.FITTING:
+        if self.attachment is not None or stage != TrainerFn.FITTING:
             return
         path = self.catalog_path or Path(trainer.default_root_dir) / CATALOG_FILE
-        self._catalog = Catalog(path)
+        self._catalog = Catalog(path, timeout_s=CATALOG_TIMEOUT_S)
         if trainer.is_global_zero:
-            self._catalog.ensure()  # an unwritable location fails here, before training
-        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
-        for note in self._session.notes:  # only when this callback detected sensors itself
-            rank_zero_warn(note)
+            try:
+                self._catalog.ensure()  # an unwritable location fails here, before training
+            except CatalogUnavailableError as err:
+                if err.errno != errno.EBUSY:
+                    raise
+            except CatalogError:
+                pass  # damaged: the fit goes on and is warned about as not recorded at its end
+        self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        self._fit_start: Mark | None = None
         self._counted_flops: float | None = None
-        self._snapshot_cache: tuple[int, dict] | None = None
-        self.record, self.record_id = None, None
+        self._snapshot_cache = None
+        self.record, self.record_id, self.problems = None, None, []
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
+        self._running = None
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_flop_counter()
-        self._release()
-
-    def _release(self) -> None:
         self._running = None
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- fit
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        self._fit_start = meter.wait(meter.mark())
         self._running = (trainer, pl_module)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -146,35 +147,60 @@ class CatalogCallback(Callback):
             return math.nan
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._session is None or self._fit_start is None:
+        if self._running is None or self.timeline is None or self.timeline.fit_start is None:
             return
         checkpoint[CHECKPOINT_KEY] = self._snapshot(trainer, pl_module)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        record = self._snapshot(trainer, pl_module, cache=False)
+        # the timeline has resolved the fit's end mark before this runs
+        record = self._snapshot(trainer, pl_module, cache=False, final=True)
         if not trainer.is_global_zero:
             return
         self.record = record
-        self.record_id = self._catalog.add(record)
+        try:
+            self.record_id = self._catalog.add(record)
+        except CatalogError as err:  # a locked, damaged or full catalog never fails the fit
+            self.record_id = None
+            self.problems.append(str(err))
+            rank_zero_warn(f"lightning-energy: fit not recorded in the catalog: {err}")
         attributes = {"model": record["model"], "precision": record["precision"], "batch_size": record["batch_size"],
                       "parameters": record["parameters"], "catalog_id": self.record_id, **self.config}
-        atomic_write_json(self._log_dir / RUN_ATTRIBUTES_FILE, attributes)
-        rank_zero_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
+        problem = try_atomic_write_json(self._log_dir / RUN_ATTRIBUTES_FILE, attributes)
+        if problem:
+            self.problems.append(problem)
+            rank_zero_warn(f"lightning-energy: {problem}")
+        if self.record_id is not None:
+            rank_zero_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
 
     # ---------------------------------------------------------------- the record
-    def _snapshot(self, trainer: Trainer, pl_module: LightningModule, cache: bool = True) -> dict:
+    def _fit_so_far(self, final: bool) -> tuple[dict[str, float], float]:
+        """This rank's J per sensor of this callback and seconds since the fit's start: to the fit's end mark
+        (``final``), else to the latest samples (not waiting; extrapolated by one interval at most)."""
+        timeline, names = self.timeline, self.attachment.sensor_names
+        start = timeline.fit_start
+        if final:
+            fit = measure(start, timeline.fit_end)
+            return {n: fit.energy_J.get(n, 0.0) for n in names}, fit.duration_s
+        if not start.resolved:  # only a checkpoint within the fit's first sampling interval
+            self.attachment.meter.wait(start)
+        sampler = self.attachment.sampler
+        now = sampler.clock()
+        now_energy, _ = sampler.energy_at(names, now)
+        energy = {n: now_energy[n] - start.energy[n] if now_energy.get(n) is not None
+                  and start.energy.get(n) is not None else 0.0 for n in names}
+        return energy, now - start.t
+
+    def _snapshot(self, trainer: Trainer, pl_module: LightningModule, cache: bool = True, final: bool = False) -> dict:
         """The metadata of the fit so far (collective: every rank calls it)."""
         step = trainer.global_step
         if cache and self._snapshot_cache is not None and self._snapshot_cache[0] == step:
             return self._snapshot_cache[1]
-        meter = self._session.meter
-        now = meter.wait(meter.mark())
-        fit = measure(self._fit_start, now)
-        local = [{**s.describe(), "rank": trainer.global_rank, "energy_J": fit.energy_J.get(s.name, 0.0)}
-                 for s in self._session.sensors]
+        energy, seconds = self._fit_so_far(final)
+        local = [{**s.describe(), "rank": trainer.global_rank, "energy_J": energy.get(s.name, 0.0)}
+                 for s in self.attachment.sensors]
         sensors = _add_resumed([s for rank in distributed.gather(trainer, local) for s in rank],
                                self._resumed.get("sensors", []))
-        duration_s = max(distributed.gather(trainer, fit.duration_s)) + self._resumed.get("duration_s", 0.0)
+        duration_s = max(distributed.gather(trainer, seconds)) + self._resumed.get("duration_s", 0.0)
         energy_J = sum(s["energy_J"] for s in sensors)
         intensity, pue = _intensity(trainer)
         flops = self.flops_per_step if self.flops_per_step is not None else self._counted_flops
@@ -208,7 +234,7 @@ class CatalogCallback(Callback):
 
     # ---------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
-        if self._running is not None and self._session is not None:
+        if self._running is not None and self.timeline is not None and self.timeline.fit_start is not None:
             record = self._snapshot(*self._running)  # cached for on_save_checkpoint at the same step
         elif self._snapshot_cache is not None:
             record = self._snapshot_cache[1]

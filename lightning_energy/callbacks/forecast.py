@@ -6,9 +6,9 @@ import dataclasses
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+import torch
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
@@ -17,32 +17,36 @@ from lightning_energy.carbon import JOULES_PER_KWH, world_average
 from lightning_energy.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 
 FORECAST_REPORT_FILE = "forecast_report.json"
 DEFAULT_WARMUP_FRACTION = 0.1  # of the first epoch's batches, at least one batch
 ON_BUDGET = ("ask", "stop", "warn")
 
 
-class ForecastCallback(Callback):
+class ForecastCallback(MeteredCallback):
     """Predict the fit's total energy (J), time (s) and CO2e (g) and report how good the forecasts were.
 
-    The first forecast comes when the first epoch ends (or after ``start_after_steps`` training
-    batches); it is updated at every epoch end. The planned run is ``max_epochs`` x batches per epoch
-    or ``max_steps`` (``limit_train_batches`` honoured); with ``EarlyStopping`` the forecast is the
+    The first forecast comes when the first epoch has been measured (or after ``start_after_steps``
+    training batches); it is updated for every epoch. The planned run is ``max_epochs`` x batches per
+    epoch or ``max_steps`` (``limit_train_batches`` honoured); with ``EarlyStopping`` the forecast is the
     worst case, every planned epoch. The first ``warmup_steps`` batches are left out of the rate
     (see :mod:`lightning_energy.forecast` for the model). CO2e uses the intensity and PUE of a
     ``CarbonCallback`` in the same Trainer, else the world average (labelled in the report).
 
-    Logged metrics (summed over ranks; time: slowest rank):
+    The figures are the Trainer's timeline's (the windows every suite callback reads): an epoch's
+    forecast is made when its figures arrive, a few steps after its end in a single process (at its end
+    under DDP, or when a budget is set: then the epoch end waits, bounded, for its samples so that the
+    budget is acted on at that epoch's end).
+
+    Logged metrics (summed over ranks; time: slowest rank), through every Lightning logger:
 
     - ``forecast/total_J``, ``forecast/total_s``, ``forecast/total_gCO2e``: the latest forecast of the
-      whole fit, at each epoch end (and at ``start_after_steps``; also in ``trainer.callback_metrics``).
+      whole fit, at each epoch's step (and at ``start_after_steps``; also in ``trainer.callback_metrics``).
     - progress bar: ``forecast_kJ``, ``forecast_gCO2e``, from the first forecast on.
 
     At the end of fit ``forecast_report.json`` in the log dir holds the plan, every forecast and its
@@ -58,8 +62,8 @@ class ForecastCallback(Callback):
         start_after_steps: also forecast after this many training batches, before the first epoch ends.
         budget_J, budget_gCO2e: limits on the forecast total (> 0).
         on_budget: ``"ask"``, ``"stop"`` or ``"warn"``.
-        sensors, backend, interval_s: as for ``EnergyCallback``; unused when an ``EnergyCallback`` listed
-            before this callback in the Trainer is present (its sensors are shared).
+        sensors, backend, interval_s: as for ``EnergyCallback``; with ``sensors=None`` the sensors of an
+            ``EnergyCallback`` in the same Trainer are read (wherever it is listed).
         verbose: print the forecast-error table at the end of fit.
     """
 
@@ -88,35 +92,27 @@ class ForecastCallback(Callback):
                 raise ValueError(f"`{name}` must be a number > 0 or None, got {value!r}")
         if on_budget not in ON_BUDGET:
             raise ValueError(f"`on_budget` must be one of {ON_BUDGET}, got {on_budget!r}")
-        if not isinstance(verbose, bool):
-            raise TypeError(f"`verbose` must be a bool, got {type(verbose).__name__}")
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.check_flags(verbose=verbose)
+        self._user_sensors = self.check_sensors(sensors, backend)
         self.warmup_steps = warmup_steps
         self.start_after_steps = start_after_steps
         self.budget_J = budget_J
         self.budget_gCO2e = budget_gCO2e
         self.on_budget = on_budget
         self.backend = backend
-        self.interval_s = float(interval_s)
+        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
-        self.forecasts: list[Forecast] = []
+        self.forecasts: list[Forecast] = []  # every forecast of the current (or last) fit, as made
         self.errors: list[dict] = []
         self.report: dict | None = None
         self.report_path: Path | None = None
-        self._session: MeterSession | None = None
         self._tracker: ForecastTracker | None = None
 
-    # ---------------------------------------------------------------- set-up and tear-down
+    # ---------------------------------------------------------------- set-up
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._session is not None or stage != TrainerFn.FITTING:
+        if self.attachment is not None or stage != TrainerFn.FITTING:
             return
-        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
-        for note in self._session.notes:  # only when this callback detected sensors itself
-            rank_zero_warn(note)
+        self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
         carbon = _carbon_callback(trainer)
         if carbon is not None:
@@ -125,29 +121,14 @@ class ForecastCallback(Callback):
             self._intensity, self._pue = world_average("no CarbonCallback in the Trainer"), 1.0
             self._g_per_J = self._intensity.g_per_kWh / JOULES_PER_KWH
         self.forecasts, self.errors, self.report = [], [], None
-        self._tracker: ForecastTracker | None = None
+        self._tracker = None
         self._plan: PlannedRun | None = None
-        self._fit_start: Mark | None = None
+        self._batches_seen = 0  # training batches ended this fit (counted at once, not when measured)
         self._budget_handled = False
         self._stopped_by_budget = False
         self._budget_decision: str | None = None
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
     # ---------------------------------------------------------------- fit
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        meter = self._session.meter
-        self._fit_start = meter.wait(meter.mark())
-
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         try:
             plan = plan_from_trainer(trainer)
@@ -166,57 +147,71 @@ class ForecastCallback(Callback):
             warmup = self.warmup_steps
         else:
             warmup = max(1, round(DEFAULT_WARMUP_FRACTION * per_epoch)) if math.isfinite(per_epoch) else 1
-        self._tracker = ForecastTracker(self._session.meter, self._fit_start, self._plan, warmup, self._g_per_J,
-                                        merge=lambda local: _merge_ranks(trainer, local))
+        # the sensors counted: this callback's own on every rank (host sensors live on local rank 0 only);
+        # collective, like on_train_start itself on every rank
+        names = sorted({n for rank in distributed.gather(trainer, self.attachment.sensor_names) for n in rank})
+        self._tracker = ForecastTracker(self.timeline.fit_start, self._plan, warmup, self._g_per_J,
+                                        merge=lambda local: _merge_ranks(trainer, local), names=names)
+        self.forecasts = self._tracker.forecasts
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         if self._tracker is not None:
-            self._tracker.epoch_start()
+            self._tracker.step(figures)
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch,
                            batch_idx: int) -> None:
         tracker = self._tracker
         if tracker is None:
             return
-        tracker.batch_end()
-        if self.start_after_steps is not None and tracker.batches == self.start_after_steps and not tracker.forecasts:
-            forecast = tracker.forecast_now()
-            if trainer.is_global_zero:  # straight to the loggers: a step log would wait for log_every_n_steps
-                for logger in trainer.loggers:
-                    logger.log_metrics(self._metrics(forecast), step=trainer.global_step)
-            self._show(pl_module, forecast, logger=False, on_step=True)
-            self._check_budget(trainer, forecast)
-
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._tracker is not None and not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
-            self._tracker.validation_start()
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._tracker is not None and not trainer.sanity_checking:
-            self._tracker.validation_end()
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._tracker is None:
+        self._batches_seen += 1
+        if self.start_after_steps is None or self._batches_seen != self.start_after_steps or tracker.forecasts:
             return
-        forecast = self._tracker.epoch_end(trainer.current_epoch)
-        self._show(pl_module, forecast, logger=True, on_step=False)
+        # once per fit: a mark now, and every step before it measured (a bounded wait for the samples)
+        timeline = self.timeline
+        now = self.attachment.meter.wait(timeline.mark())
+        timeline.flush(trainer)
+        forecast = tracker.forecast_now(now, trainer.current_epoch)
+        self._show(trainer, forecast, step=trainer.global_step)
         self._check_budget(trainer, forecast)
 
-    def _show(self, pl_module: LightningModule, forecast: Forecast, logger: bool, on_step: bool) -> None:
-        """The forecast in the callback metrics (and the loggers if ``logger``) and the progress bar."""
-        for name, value in self._metrics(forecast).items():
-            pl_module.log(name, value, logger=logger, on_step=on_step, on_epoch=not on_step, batch_size=1,
-                          rank_zero_only=True)
-        pl_module.log("forecast_kJ", forecast.total_J / 1000.0, prog_bar=True, logger=False, on_step=on_step,
-                      on_epoch=not on_step, batch_size=1, rank_zero_only=True)
-        pl_module.log("forecast_gCO2e", forecast.total_gCO2e, prog_bar=True, logger=False, on_step=on_step,
-                      on_epoch=not on_step, batch_size=1, rank_zero_only=True)
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A budget is acted on at the epoch's end: the epoch's figures are needed now, not a few steps later.
+        # (Under DDP the timeline has measured the epoch already; this then waits for nothing.)
+        if self._tracker is not None and self._budget_pending():
+            self.timeline.flush(trainer)
 
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
         tracker = self._tracker
         if tracker is None:
             return
-        actual_J, actual_s, self.errors = tracker.fit_end()
+        end_energy, _ = self.attachment.sampler.energy_at(self.attachment.sensor_names, figures.end_s)
+        forecast = tracker.epoch(figures, end_energy)
+        self._show(trainer, forecast, step=figures.step)
+        self._check_budget(trainer, forecast)
+
+    def _show(self, trainer: Trainer, forecast: Forecast, step: int) -> None:
+        """The forecast to the loggers (rank zero), into the callback metrics and the progress bar."""
+        metrics = self._metrics(forecast)
+        self.log_metrics(trainer, metrics, step)
+        if not trainer.is_global_zero:
+            return
+        connector = trainer._logger_connector
+        callback_metrics = getattr(connector, "_callback_metrics", None)
+        if callback_metrics is None:
+            callback_metrics = trainer.callback_metrics
+        callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
+        bar = getattr(connector, "_progress_bar_metrics", None)
+        if bar is None:
+            bar = trainer.progress_bar_metrics
+        bar["forecast_kJ"] = forecast.total_J / 1000.0
+        bar["forecast_gCO2e"] = forecast.total_gCO2e
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # the timeline has delivered every step and epoch before this runs
+        tracker = self._tracker
+        if tracker is None:
+            return
+        actual_J, actual_s, self.errors = tracker.fit_end(self.timeline.fit_end)
         self.forecasts = list(tracker.forecasts)
         if not trainer.is_global_zero:
             return
@@ -247,6 +242,9 @@ class ForecastCallback(Callback):
                 "forecast/total_gCO2e": forecast.total_gCO2e}
 
     # ---------------------------------------------------------------- budget
+    def _budget_pending(self) -> bool:
+        return not self._budget_handled and (self.budget_J is not None or self.budget_gCO2e is not None)
+
     def _check_budget(self, trainer: Trainer, forecast: Forecast) -> None:
         if self._budget_handled:
             return
