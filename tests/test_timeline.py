@@ -329,3 +329,24 @@ def test_epoch_figures_do_not_wait_for_samples(tmp_path):
     assert epoch_steps == [10, 20, 30]
     for row in callback.report["epochs"]:
         assert row["train_J"] == pytest.approx(POWER_W * row["train_s"], rel=1e-9)
+
+
+def test_a_full_disk_at_fit_end_never_fails_the_fit(tmp_path, monkeypatch):
+    """The end-of-fit reports (energy, carbon) meet a full disk: one warning each, the fit completes."""
+    import errno
+
+    from lightning_energy import io
+    from lightning_energy.callbacks.carbon import CarbonCallback
+
+    def full_disk(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(io, "atomic_write_text", full_disk)
+    energy = EnergyCallback(sensors=sensors(), verbose=False, write_trace=False)
+    carbon = CarbonCallback(intensity_g_per_kWh=100.0, verbose=False)
+    with pytest.warns(UserWarning, match="not written") as record:
+        trainer, _ = fit(tmp_path, [energy, carbon])
+    assert trainer.current_epoch == 2
+    assert sum("energy_report.json" in str(w.message) for w in record) == 1
+    assert sum("carbon" in str(w.message) for w in record) == 1
+    assert energy.report["total_J"] > 0 and energy.report_path is None and carbon.report_path is None

@@ -18,7 +18,6 @@ from lightning_energy.carbon import (
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures
-from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import measure
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
@@ -214,7 +213,7 @@ class CarbonCallback(MeteredCallback):
             "resumed_total_J": self._resumed.get("total_J"),
             "codecarbon": codecarbon,
         }
-        self.report_path = atomic_write_json(self._log_dir / CARBON_REPORT_FILE, self.report)
+        self.report_path = self.write_output(self._log_dir / CARBON_REPORT_FILE, self.report)
         message = (f"lightning-energy carbon: {self.report['total_gCO2e']:.4g} gCO2e for {total_J:.1f} J "
                    f"at {self.intensity.label}, PUE {self.pue:g}{' (ESTIMATED energy)' if self._estimated else ''}")
         if codecarbon is not None and "error" not in codecarbon:

@@ -12,7 +12,6 @@ from lightning_energy import distributed
 from lightning_energy.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.io import atomic_write_text
 from lightning_energy.peaks import Peak, device_peak, precision_of
 from lightning_energy.precision import SwitchablePrecision
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
@@ -183,7 +182,7 @@ class FlopsCallback(MeteredCallback):
             return
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        atomic_write_text(self._log_dir / TABLE_FILE, table.csv_text())
+        self.write_output(self._log_dir / TABLE_FILE, table.csv_text())
         params = {
             "flops/params": table.params,
             "flops/forward_GFLOP_per_batch": table.forward_FLOPs / GFLOP,

@@ -19,7 +19,6 @@ from lightning_energy.forecast import (
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.io import atomic_write_json
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
 
@@ -230,7 +229,7 @@ class ForecastCallback(MeteredCallback):
             "forecasts": [f.as_dict() for f in self.forecasts],
             "errors": self.errors,
         }
-        self.report_path = atomic_write_json(self._log_dir / FORECAST_REPORT_FILE, self.report)
+        self.report_path = self.write_output(self._log_dir / FORECAST_REPORT_FILE, self.report)
         if self.verbose and self.errors:
             print(format_errors(self.errors, actual_J, actual_s), flush=True)
         else:

@@ -10,7 +10,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_energy import distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
-from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import measure
 from lightning_energy.prediction import EnergyEstimate, compare_prediction
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
@@ -91,7 +90,7 @@ class EnergyPredictionCheck(MeteredCallback):
                        "predicted_step_J": self.predicted_step_J, "source": self.source, "fit_J": merged["fit_J"],
                        "fit_s": merged["seconds"],
                        "sensors": [s.describe() for s in self.attachment.sensors]}
-        atomic_write_json(self._log_dir / PREDICTION_FILE, self.result)
+        self.write_output(self._log_dir / PREDICTION_FILE, self.result)
         metrics = {f"prediction/{k}": self.result[k] for k in ("predicted_J", "measured_J", "error", "steps")}
         self.log_metrics(trainer, metrics, trainer.global_step)
         rank_zero_info(f"lightning-energy: predicted {self.result['predicted_J']:.4g} J, measured "

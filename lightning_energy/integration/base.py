@@ -160,6 +160,20 @@ class MeteredCallback(Callback):
     def warn(message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
+    @staticmethod
+    def write_output(path, data) -> "Path | None":
+        """Write a report file atomically (``data``: text, or JSON-able); never raises on a full disk or a
+        read-only log dir: warns in one line and returns None instead of the path."""
+        from pathlib import Path
+
+        from lightning_energy.io import try_atomic_write_json, try_atomic_write_text
+
+        problem = try_atomic_write_text(path, data) if isinstance(data, str) else try_atomic_write_json(path, data)
+        if problem is not None:
+            rank_zero_warn(f"lightning-energy: {problem}; training is not affected")
+            return None
+        return Path(path)
+
 
 def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
     """Write ``metrics`` to a TensorBoard logger as ONE event of several scalars (the same tags and step as
