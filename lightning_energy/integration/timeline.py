@@ -226,7 +226,6 @@ class Timeline:
         self._batch_open = True
         if self._step is None:
             self._step = _Step(trainer.current_epoch, self.meter.mark())
-        self._deliver(trainer)
 
     def batch_ended(self, trainer, batch_idx: int) -> None:
         if not self._batch_open:
@@ -322,6 +321,8 @@ class Timeline:
         Which epochs and loops are ready is read BEFORE the step results are drained: the meter publishes
         a window before any later mark resolves, so every step of a ready epoch is delivered first.
         """
+        if not (self.meter.results or self._pending_epochs or self._pending_loops):
+            return  # the common case on the training thread: nothing new
         ready_epochs = sum(1 for _ in _takewhile(self._epoch_ready, self._pending_epochs)) if epochs else 0
         ready_loops = sum(1 for _ in _takewhile(self._loop_ready, self._pending_loops))
         results = self.meter.results
