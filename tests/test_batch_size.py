@@ -137,6 +137,8 @@ def test_refusals_name_the_problem(tmp_path, clock):
         BatchSizeSearch([])
     with pytest.raises(ValueError, match="cost"):
         BatchSizeSearch([8], cost="carbon")
+    with pytest.raises(ValueError, match="interval_s"):  # at construction, as every suite callback
+        BatchSizeSearch([8], interval_s=0.0)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=8)
     trainer = L.Trainer(callbacks=[BatchSizeSearch([8, 16])], **trainer_kwargs(tmp_path, logger=False))
     with pytest.raises(MisconfigurationException, match="passed to `.fit"):

@@ -178,6 +178,9 @@ def test_invalid_job_is_refused_by_zeus_validation():
         ZeusBatchSizeOptimizer("http://127.0.0.1:1", job_id_prefix="x", batch_sizes=[8, 16], default_batch_size=32)
     with pytest.raises(ValueError, match="server_url"):
         ZeusBatchSizeOptimizer("127.0.0.1:8000", job_id_prefix="x", batch_sizes=[8], default_batch_size=8)
+    with pytest.raises(ValueError, match="interval_s"):  # at construction, as every suite callback
+        ZeusBatchSizeOptimizer("http://127.0.0.1:1", job_id_prefix="x", batch_sizes=[8], default_batch_size=8,
+                               interval_s=0.0)
 
 
 def test_launcher_refuses_bad_arguments_without_starting(tmp_path):

@@ -21,6 +21,7 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import FakeClock, trainer_kwargs
+from lightning_energy import EnergyCallback
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
 from lightning_energy.gpu_sim import (
     COMPUTE_BOUND,
@@ -343,6 +344,61 @@ def test_interrupted_windows_are_retried_not_mis_measured(tmp_path, clock):
         assert p.time_per_step_s == pytest.approx(gpu.step_time_s(limit, 256), rel=1e-9)  # no validation inside
     assert callback.chosen_limit_W == 150
     assert logger.values("power_limit/retried_windows") == [callback.retried_windows]
+
+
+def limit_at(gpu: SimulatedGPU, step: int) -> int:
+    """The limit in force while the card ran its ``step``-th simulated step (0-based)."""
+    limit = gpu.default_limit_W
+    for steps_run, watts in gpu.limit_events:
+        if steps_run <= step:
+            limit = watts
+    return limit
+
+
+def test_a_step_is_an_optimizer_step_under_gradient_accumulation(tmp_path, clock):
+    """Two batches per optimizer step: the windows are the timeline's step marks, so a profiled step holds both
+    batches, limits change only at a step's first batch, and the epoch must hold the window's steps."""
+    gpu = SimulatedGPU(clock=clock)
+    callback = optimizer(selector="energy", search="adaptive")
+    fit(tmp_path, gpu, callback, batches=40, accumulate_grad_batches=2)  # 20 optimizer steps
+    assert callback.limits_profiled == [300, 150, 225] and callback.chosen_limit_W == 150
+    for limit, p in callback.profiles.items():
+        assert p.steps == 3
+        assert p.energy_per_step_J == pytest.approx(2 * gpu.step_energy_J(limit, 256), rel=1e-9)
+        assert p.time_per_step_s == pytest.approx(2 * gpu.step_time_s(limit, 256), rel=1e-9)
+    assert [batches for batches, _ in gpu.limit_events] == [5 * 2, 9 * 2, 13 * 2, 40]  # at steps 5, 9, 13; the end
+    with pytest.raises(ValueError, match="= 5 training steps of 2 batches in a row, but an epoch has 8 batches"):
+        fit(tmp_path / "short", SimulatedGPU(clock=clock), optimizer(), batches=8, accumulate_grad_batches=2)
+
+
+def test_the_simulated_step_is_in_every_window_wherever_the_workload_stands(tmp_path, monkeypatch):
+    """SimulatedWorkload runs the simulated step in ``on_train_batch_end``. A profiling window runs from one
+    step's start to a later step's start, so it holds that work wherever SimulatedWorkload stands in
+    ``Trainer(callbacks=[...])``. The timeline's own step window (``energy/step_J``) ends in the first suite
+    callback's ``on_train_batch_end``: it holds the simulated step only when SimulatedWorkload comes before
+    that callback; after it, the work lies between steps (in the epoch's figures, in no step's)."""
+    runs = {}
+    for place in ("first", "last"):
+        clock = install_fake_time(monkeypatch.setattr)
+        gpu = SimulatedGPU(clock=clock)
+        energy = EnergyCallback(sensors=[gpu.energy_sensor()], verbose=False, write_trace=False)
+        callback = optimizer(selector="energy", gpu=gpu, log_figure=False)
+        suite = [callback, energy]
+        workload = SimulatedWorkload(gpu=gpu)
+        logger = RecordingLogger()
+        trainer = L.Trainer(callbacks=[workload, *suite] if place == "first" else [*suite, workload], **trainer_kwargs(
+            tmp_path / place, max_epochs=1, logger=[logger], log_every_n_steps=1))
+        trainer.fit(SimModule(), loader(40))
+        runs[place] = (gpu, callback, logger)
+        for limit, p in callback.profiles.items():
+            assert p.energy_per_step_J == pytest.approx(gpu.step_energy_J(limit, 256), rel=1e-9)
+            assert p.time_per_step_s == pytest.approx(gpu.step_time_s(limit, 256), rel=1e-9)
+    (gpu, first, first_log), (_, last, last_log) = runs["first"], runs["last"]
+    assert first.profiles == last.profiles and first.chosen_limit_W == last.chosen_limit_W == 150
+    assert first_log.values("energy/step_J") == pytest.approx(
+        [gpu.step_energy_J(limit_at(gpu, step), 256) for step in range(40)], rel=1e-9)
+    assert set(last_log.values("energy/step_J")) == set(last_log.values("time/step_s")) == {0.0}
+    assert first_log.values("energy/epoch_J") == last_log.values("energy/epoch_J")  # the epoch holds it either way
 
 
 def test_window_that_cannot_fit_an_epoch_fails_before_training(tmp_path, clock):

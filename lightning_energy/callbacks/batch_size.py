@@ -4,7 +4,12 @@ The trials run the way Lightning's ``BatchSizeFinder`` runs its own (a checkpoin
 first, the fit loop run for a few steps per candidate with loggers and callbacks set aside, everything
 restored after), and the result goes through the same plumbing: ``lightning_setattr`` on the model, its
 ``hparams`` or the datamodule. Lightning's finder looks for the largest batch that fits in memory; this
-search measures each candidate with the shared meter and picks by cost.
+search measures each candidate with the Trainer's measurement session and picks by cost.
+
+The trials run before training, with the suite's other callbacks set aside: the Trainer's timeline sees
+none of their steps (no step figure, no epoch holds them; they count in the fit's total). Each trial's
+window is its own pair of marks, placed by a probe that is always the last callback of the trial, so
+the order of ``Trainer(callbacks=[...])`` changes nothing in it.
 """
 
 from __future__ import annotations
@@ -22,24 +27,28 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 
+from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, Meter, measure
+from lightning_energy.meter import Mark, measure
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.sensors.base import Sensor
 
 COSTS = ("energy", "time", "zeus_cost")
 RESULT_FILE = "batch_size_search.json"
 
 
 class _TrialProbe(Callback):
-    """Marks the measured steps of one trial: after ``warmup`` steps, ``steps`` steps (samples counted)."""
+    """Marks the measured steps of one trial: after ``warmup`` steps, ``steps`` steps (samples counted).
 
-    def __init__(self, meter: Meter, warmup: int, steps: int) -> None:
+    The trial's steps are no boundaries of the Trainer's timeline (its callbacks are set aside while the
+    trials run): these are marks of the probe's own, through ``timeline.mark()``.
+    """
+
+    def __init__(self, timeline, warmup: int, steps: int) -> None:
         from lightning_energy.gpu_sim import batch_length  # imports zeus (for its GPU class): only when searching
 
         self._batch_length = batch_length
-        self.meter, self.warmup, self.steps = meter, warmup, steps
+        self.timeline, self.warmup, self.steps = timeline, warmup, steps
         self.seen = 0
         self.samples = 0
         self.start: Mark | None = None
@@ -47,17 +56,17 @@ class _TrialProbe(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.seen == self.warmup:
-            self.start = self.meter.mark()
+            self.start = self.timeline.mark()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.start is not None and self.end is None:
             self.samples += self._batch_length(batch) or 0
             if self.seen == self.warmup + self.steps - 1:
-                self.end = self.meter.mark()
+                self.end = self.timeline.mark()
         self.seen += 1
 
 
-class BatchSizeSearch(Callback):
+class BatchSizeSearch(MeteredCallback):
     """Try each candidate batch size for a few steps at the start of fit and train with the cheapest.
 
     Per candidate: ``warmup_steps`` steps, then ``steps`` measured steps (energy of this rank's device
@@ -111,16 +120,15 @@ class BatchSizeSearch(Callback):
         self.warmup_steps, self.steps = warmup_steps, steps
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.interval_s = interval_s
+        self._user_sensors = self.check_sensors(sensors)
+        self.interval_s = self.check_interval(interval_s)
         self.results: list[dict] = []
         self.chosen_batch_size: int | None = None
         self.result_file: Path | None = None
-        self._session: MeterSession | None = None
 
     # ---------------------------------------------------------------- set-up
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         if trainer._accelerator_connector.is_distributed:
             raise MisconfigurationException("BatchSizeSearch runs in one process only (as Lightning's BatchSizeFinder); "
@@ -137,9 +145,9 @@ class BatchSizeSearch(Callback):
         sensors = self._user_sensors
         if sensors is None and hasattr(self.gpu, "energy_sensor"):
             sensors = [self.gpu.energy_sensor()]
-        self._session = open_meter_session(trainer, self, sensors, interval_s=self.interval_s)
-        device = [s.name for s in self._session.sensors if s.scope == "device"]
-        self._energy_sensors = device or [s.name for s in self._session.sensors]
+        attachment = self.attach(trainer, sensors, interval_s=self.interval_s)
+        device = [s.name for s in attachment.sensors if s.scope == "device"]
+        self._energy_sensors = device or attachment.sensor_names  # ours only: the session may hold others
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def _resolve_max_power(self, trainer: Trainer) -> float:
@@ -154,17 +162,6 @@ class BatchSizeSearch(Callback):
             raise MisconfigurationException("BatchSizeSearch(cost='zeus_cost') needs MaxPower: pass `max_power_W` "
                                             "(no GPU to read the maximum power limit from)")
         return gpu.get_power_management_limit_constraints()[1] / 1000.0
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
 
     # ---------------------------------------------------------------- the search
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -201,7 +198,7 @@ class BatchSizeSearch(Callback):
             loop.epoch_loop.max_steps = self.warmup_steps + self.steps
             loop.max_epochs = -1  # the steps, not the epochs, end a trial
             for size in self.batch_sizes:
-                probe = _TrialProbe(self._session.meter, self.warmup_steps, self.steps)
+                probe = _TrialProbe(self.timeline, self.warmup_steps, self.steps)
                 trainer.callbacks = [*kept, probe]
                 results.append(self._trial(trainer, pl_module, size, probe, saved["loop_state"]))
         finally:
@@ -244,7 +241,7 @@ class BatchSizeSearch(Callback):
             row["failure"] = (f"an epoch has fewer than warmup_steps + steps = {self.warmup_steps + self.steps} batches "
                               f"of {size}")
             return row
-        m = measure(probe.start, self._session.meter.wait(probe.end))
+        m = measure(probe.start, self.attachment.meter.wait(probe.end))
         energy_J = sum(m.energy_J.get(name, 0.0) for name in self._energy_sensors)
         row.update({
             "samples": probe.samples, "steps": self.steps, "energy_J": energy_J, "time_s": m.duration_s,
@@ -282,10 +279,8 @@ class BatchSizeSearch(Callback):
             lines.append(f"{b:>7} {r['energy_per_sample_J']:>12.4g} {r['time_per_sample_s']:>12.4g} {gib:>9} "
                          f"{r['cost']:>12.4g}{mark}")
         rank_zero_info("\n".join(lines))
+        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
         if trainer.is_global_zero:
-            step = trainer.fit_loop.epoch_loop._batches_that_stepped
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
             self.result_file = atomic_write_json(self._log_dir / RESULT_FILE, {
                 "cost": self.cost, "eta_knob": self.eta_knob if self.cost == "zeus_cost" else None,
                 "max_power_W": self._max_power_W, "warmup_steps": self.warmup_steps, "steps": self.steps,

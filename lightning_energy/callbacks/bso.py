@@ -15,16 +15,17 @@ import contextlib
 import io
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 
-from lightning_energy.callbacks.eta import SinceTrainStart, metric_value
+from lightning_energy import distributed
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.meter import Mark, measure
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.sensors.base import Sensor
 
 MILLI = 1000
 
@@ -39,15 +40,17 @@ class BSOServerError(RuntimeError):
     """The BSO server could not be reached or refused a request."""
 
 
-class ZeusBatchSizeOptimizer(Callback):
+class ZeusBatchSizeOptimizer(MeteredCallback):
     """Batch size from Zeus's BSO server for each run of a recurring job; energy, time and metric back per epoch.
 
     At the start of ``fit`` (rank zero asks, every rank applies) the job is registered with the server
     (again, for a recurring job with the same ``job_id``: the server checks that it is the same) and the
     server's batch size is set through ``lightning_setattr`` (model attribute, ``hparams`` or datamodule)
     before the dataloaders are built. After every validation run it reports the time and energy since
-    training began (energy of this rank's device sensors, or of every sensor when there is none, summed
-    over ranks; the slowest rank's time) and ``monitor``; training ends when the server says so (target
+    training began (``on_train_start``, after the sanity check; energy of this callback's device sensors,
+    or of all its sensors when there is none, summed over ranks; the slowest rank's time) and ``monitor``;
+    each report waits (bounded) for the samples to reach the end of its validation run, as the server's
+    answer decides whether training goes on. Training ends when the server says so (target
     reached, ``max_epochs`` of the job, or a cost above ``beta_knob`` times the best one). At the end the
     trial is closed (the server marks an unreported one failed).
 
@@ -101,14 +104,15 @@ class ZeusBatchSizeOptimizer(Callback):
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
         self.max_power_W, self.gpu_model = max_power_W, gpu_model
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        self._user_sensors = self.check_sensors(sensors)
         self.timeout_s = float(timeout_s)
-        self.interval_s = interval_s
+        self.interval_s = self.check_interval(interval_s)
         self.batch_size: int | None = None
         self.trial: dict | None = None
         self.reports: list[dict] = []
         self.outcome: dict | None = None
-        self._session: MeterSession | None = None
+        self._train_start: Mark | None = None
+        self._energy_sensors: list[str] = []
         self._resumed_trial: dict | None = None
 
     # ---------------------------------------------------------------- HTTP (rank zero)
@@ -127,7 +131,7 @@ class ZeusBatchSizeOptimizer(Callback):
 
     # ---------------------------------------------------------------- set-up
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         if not lightning_hasattr(pl_module, self.batch_arg_name):
             raise MisconfigurationException(f"ZeusBatchSizeOptimizer: field `{self.batch_arg_name}` not found in the model, "
@@ -136,9 +140,10 @@ class ZeusBatchSizeOptimizer(Callback):
         sensors = self._user_sensors
         if sensors is None and hasattr(self.gpu, "energy_sensor"):
             sensors = [self.gpu.energy_sensor()]
-        self._session = open_meter_session(trainer, self, sensors, interval_s=self.interval_s)
-        device = [s.name for s in self._session.sensors if s.scope == "device"]
-        self._clock = SinceTrainStart(self._session, device or None)
+        attachment = self.attach(trainer, sensors, interval_s=self.interval_s)
+        device = [s.name for s in attachment.sensors if s.scope == "device"]
+        self._energy_sensors = device or attachment.sensor_names  # ours only: the session may hold others
+        self._train_start = None
         self.reports, self.outcome = [], None
 
     def _gpu_config_for(self, trainer: Trainer) -> dict:
@@ -159,16 +164,13 @@ class ZeusBatchSizeOptimizer(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self._end_trial(trainer)
-        self._release()
+        self._train_start = None
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._end_trial(trainer)
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        self._train_start = None
+        super().on_exception(trainer, pl_module, exception)
 
     def _end_trial(self, trainer: Trainer) -> None:
         """Tell the server this trial is over (it marks it failed if no report ended it)."""
@@ -204,14 +206,18 @@ class ZeusBatchSizeOptimizer(Callback):
         if not trainer.enable_validation:
             raise MisconfigurationException("ZeusBatchSizeOptimizer reports the validation metric after every "
                                             "validation run: give the Trainer a validation loop")
-        self._clock.begin()
+        # training begins here, after the sanity check: no boundary of the timeline, so a mark of our own
+        # (resolved in the background; the first report waits for a later one)
+        self._train_start = self.timeline.mark()
 
     # ---------------------------------------------------------------- per epoch
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self.outcome is not None:
+        if (trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self.outcome is not None
+                or self._train_start is None):
             return
-        energy_J, time_s = self._clock.read(trainer)  # every rank: a collective
-        value = metric_value(trainer, self.monitor)
+        energy_J, time_s = self._since_train_start(trainer)  # every rank: a collective
+        value = trainer.callback_metrics.get(self.monitor)
+        value = None if value is None else float(value)
         answer = None
         if trainer.is_global_zero:
             if value is None:
@@ -228,6 +234,15 @@ class ZeusBatchSizeOptimizer(Callback):
                 rank_zero_warn(f"ZeusBatchSizeOptimizer: the server ends this run: {answer['message'].strip()} "
                                f"Batch size {self.batch_size} will not be tried again; start the next run.")
 
+    def _since_train_start(self, trainer: Trainer) -> tuple[float, float]:
+        """(J of all ranks, s of the slowest rank) from the start of training to now: waits (bounded) for the
+        samples to reach now, and gathers over the ranks (a collective)."""
+        end = self.attachment.meter.wait(self.timeline.mark())  # the end of this validation run
+        m = measure(self._train_start, end)  # resolved too: marks resolve in order
+        local = (sum(m.energy_J.get(name, 0.0) for name in self._energy_sensors), m.duration_s)
+        rows = distributed.gather(trainer, local)
+        return sum(r[0] for r in rows), max(r[1] for r in rows)
+
     def _report(self, trainer: Trainer, energy_J: float, time_s: float, value: float) -> dict:
         common = _zeus_bso()
         epoch = trained_epochs(trainer)
@@ -240,8 +255,7 @@ class ZeusBatchSizeOptimizer(Callback):
         self.reports.append(row)
         metrics = {"bso/batch_size": float(self.batch_size), "bso/energy_J": result.energy, "bso/time_s": result.time,
                    "bso/cost": row["cost"]}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
         return answer.dict()
 
     # ---------------------------------------------------------------- resume

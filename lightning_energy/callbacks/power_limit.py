@@ -20,10 +20,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import Mark, measure
 from lightning_energy.power_limit import (
@@ -42,9 +44,8 @@ from lightning_energy.power_limit import (
     write_figure_png,
     write_profile,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.session import MeterSession, open_meter_session
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 
 DRY_RUN_FILE = "power_limit_dry_run.json"
 MILLI = 1000
@@ -129,17 +130,29 @@ def limit_permission_problem(gpu) -> str | None:
     return "this process has no SYS_ADMIN capability and no Zeus daemon is configured (ZEUSD_SOCK_PATH is unset)"
 
 
-class PowerLimitOptimizer(Callback):
+class PowerLimitOptimizer(MeteredCallback):
     """Find the GPU power limit that minimises a time-energy cost while training, then train at it.
 
     As Zeus's ``GlobalPowerLimitOptimizer``: after ``wait_steps`` training steps, each candidate limit
     is set, warmed up for ``warmup_steps`` steps and profiled for ``profile_steps`` steps (a window from
-    the start of one step to the start of the step after the last); then the selector's choice is applied
-    for the rest of training. A window that an epoch end or a validation run interrupts is thrown away
-    and that limit profiled again. In DDP every rank measures its own GPU, energies are summed and times
-    take the slowest rank, rank 0 decides and broadcasts: every rank applies the same limit.
+    the start of one step to the start of the step after the last, as Zeus's ``on_step_begin`` to
+    ``on_step_begin``: what runs between steps, data loading included, counts); then the selector's
+    choice is applied for the rest of training. A step is an optimizer step (with gradient accumulation:
+    all its micro-batches), as in the Trainer's timeline. A window that an epoch end or a validation run
+    interrupts is thrown away and that limit profiled again. In DDP every rank measures its own GPU,
+    energies are summed and times take the slowest rank, rank 0 decides and broadcasts: every rank
+    applies the same limit.
 
-    Energy is the device-scope energy measured by the shared sampler (this rank's GPU counter), as Zeus
+    The limits change at the same steps as Zeus's (the state machine runs in ``on_train_batch_start``);
+    the windows are the Trainer's timeline's step marks, ``measure(first.start, after_last.start)`` of
+    the steps' figures, read when the figures arrive (a few steps later). Only a transition that needs a
+    number (the final choice, each step of the adaptive search, a dry run's end) waits, bounded, for the
+    samples to reach the step beginning then. Work that runs between steps belongs to the window whatever
+    the callback order: e.g. ``gpu_sim.SimulatedWorkload``'s step, which runs in ``on_train_batch_end``
+    and so inside the timeline's own step window only when it comes before the first suite callback in
+    ``Trainer(callbacks=[...])``, is always inside the start-to-start windows.
+
+    Energy is the device-scope energy of this callback's sensors (this rank's GPU counter), as Zeus
     counts GPU energy. The card's default limit is restored at fit end, on an exception and on Ctrl-C.
 
     Logged metrics (rank zero, beside the loss):
@@ -205,11 +218,8 @@ class PowerLimitOptimizer(Callback):
         Objective(selector, eta_knob, max_slowdown_factor)  # validates eta_knob and max_slowdown_factor
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
             raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
-        for flag, value in (("dry_run", dry_run), ("log_figure", log_figure)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        interval_s = self.check_interval(interval_s)
+        self.check_flags(dry_run=dry_run, log_figure=log_figure)
         if profile_path is not None and not isinstance(profile_path, (str, Path)):
             raise TypeError(f"`profile_path` must be a path or None, got {type(profile_path).__name__}")
         if gpu is not None and not all(hasattr(gpu, m) for m in ("get_power_management_limit_constraints",
@@ -225,9 +235,9 @@ class PowerLimitOptimizer(Callback):
         self.profile_path = Path(profile_path) if profile_path is not None else None
         self.dry_run = dry_run
         self.gpu = gpu
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
+        self._user_sensors = self.check_sensors(sensors)
         self.tolerance = float(tolerance)
-        self.interval_s = float(interval_s)
+        self.interval_s = interval_s
         self.log_figure = log_figure
         # results of the last fit
         self.chosen_limit_W: int | None = None
@@ -238,7 +248,6 @@ class PowerLimitOptimizer(Callback):
         self.figure_file: Path | None = None
         self.dry_run_report: dict | None = None
         self._resume: dict | None = None
-        self._session: MeterSession | None = None
         self._state = None
         self._restored = True
 
@@ -248,7 +257,7 @@ class PowerLimitOptimizer(Callback):
 
     # ---------------------------------------------------------------- set-up
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         Ready, Warmup, Profiling, Done = _zeus_states()
         gpu = self.gpu if self.gpu is not None else rank_gpu(trainer)
@@ -275,8 +284,12 @@ class PowerLimitOptimizer(Callback):
             self._ensure_persistence_mode(gpu)
         self.profiles, self.limits_profiled, self.retried_windows = {}, [], 0
         self.chosen_limit_W, self.dry_run_report = None, None
-        self._pending: tuple[int, Mark, Mark] | None = None
-        self._window_start: Mark | None = None
+        # windows by the index of their bounding steps (Lightning's ``_batches_that_stepped`` at the step):
+        # the open one's first step, and the last finished one (limit, first step, step after the last)
+        self._window_first: int | None = None
+        self._pending: tuple[int, int, int] | None = None
+        self._starts: dict[int, Mark] = {}  # start marks of the steps bounding those windows, from their figures
+        self._step_begun: int | None = None  # the step whose first batch started last
         self._current_W = self._start_W
         self._loaded_profile = False
         if self.profile_path is not None and self.profile_path.exists() and not self.dry_run:
@@ -290,15 +303,14 @@ class PowerLimitOptimizer(Callback):
         sensors = self._user_sensors
         if sensors is None and hasattr(gpu, "energy_sensor"):
             sensors = [gpu.energy_sensor()]
-        self._session = open_meter_session(trainer, self, sensors, interval_s=self.interval_s)
-        self._device_sensors = [s.name for s in self._session.sensors if s.scope == "device"]
+        attachment = self.attach(trainer, sensors, interval_s=self.interval_s)
+        self._device_sensors = [s.name for s in attachment.sensors if s.scope == "device"]
         if not self._device_sensors:
-            self._release()
+            names = attachment.sensor_names
+            self.detach(trainer)
             raise RuntimeError("PowerLimitOptimizer found no device-scope energy sensor for this rank's GPU "
-                               f"(sensors: {[s.name for s in self._session.sensors] if self._session else []}); "
-                               "pass `sensors` with the GPU's sensor")
+                               f"(sensors: {names}); pass `sensors` with the GPU's sensor")
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        self._log_every = max(int(trainer.log_every_n_steps), 0)
         if not self.dry_run:
             self._restored = False
             atexit.register(self._restore_default)
@@ -327,19 +339,13 @@ class PowerLimitOptimizer(Callback):
         rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self._restore_default()
-        self._release()
+        if stage == "fit":
+            self._restore_default()
+        super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore_default()
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- the card
     def _set_limit(self, trainer: Trainer, limit_W: int) -> None:
@@ -376,17 +382,25 @@ class PowerLimitOptimizer(Callback):
 
     def _check_epoch_fits_a_window(self, trainer: Trainer) -> None:
         span = self.warmup_steps + self.profile_steps + 1
+        accumulate = max(int(trainer.accumulate_grad_batches), 1)
         batches = trainer.num_training_batches
         between_validations = trainer.val_check_batch if trainer.enable_validation else math.inf
         room = min(batches, between_validations if between_validations else math.inf)
-        if room < span:
+        if math.ceil(room / accumulate) < span:
+            per_step = f" of {accumulate} batches" if accumulate > 1 else ""
             raise ValueError(
                 f"PowerLimitOptimizer: profiling one limit needs warmup_steps + profile_steps + 1 = {span} training "
-                f"batches in a row, but an epoch has {batches} (validation every {between_validations}); every window "
-                "would be interrupted. Lower `warmup_steps`/`profile_steps` or make epochs longer."
+                f"steps{per_step} in a row, but an epoch has {batches} batches (validation every "
+                f"{between_validations}); every window would be interrupted. Lower `warmup_steps`/`profile_steps` "
+                "or make epochs longer."
             )
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Zeus's ``on_step_begin``, once per optimizer step (its first micro-batch)."""
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        if step == self._step_begun:
+            return  # a later micro-batch of the same optimizer step (gradient accumulation)
+        self._step_begun = step
         Ready, Warmup, Profiling, Done = _zeus_states()
         state = self._state
         if isinstance(state, Done):
@@ -413,13 +427,12 @@ class PowerLimitOptimizer(Callback):
     def _start_window(self, limit_W: int) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
         self._state = Profiling(current_power_limit=limit_W * MILLI, steps=self.profile_steps)
-        self._window_start = self._session.meter.mark()
+        self._window_first = self._step_begun  # the window starts where this step's figures will start
 
     def _finish_window(self, trainer: Trainer, limit_W: int) -> None:
-        end = self._session.meter.mark()
-        self._merge_pending(trainer)  # the previous window: resolved in the background long ago
-        self._pending = (limit_W, self._window_start, end)
-        self._window_start = None
+        self._merge_pending(trainer)  # the previous window: its figures arrived long ago
+        self._pending = (limit_W, self._window_first, self._step_begun)  # ends where this step starts
+        self._window_first = None
         self.limits_profiled.append(limit_W)
         if self.dry_run:
             self._finish_dry_run(trainer)
@@ -436,16 +449,54 @@ class PowerLimitOptimizer(Callback):
         else:
             self._begin_limit(trainer, next_W)
 
+    def _bounding_steps(self) -> set[int]:
+        """The steps whose start marks bound the open window and the finished one not yet merged."""
+        steps = {self._window_first} if self._window_first is not None else set()
+        if self._pending is not None:
+            steps.update(self._pending[1:])
+        return steps
+
+    def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
+        """Keep the start mark of a step that bounds a window (the figures arrive a few steps late)."""
+        if figures.step in self._bounding_steps():
+            self._starts[figures.step] = figures.start
+
+    def _window_marks(self, trainer: Trainer, first: int, after_last: int) -> tuple[Mark, Mark] | None:
+        """The start marks of steps ``first`` and ``after_last``: from their figures, or, when these have not
+        arrived yet, after a bounded wait for the samples to reach the start of the step beginning now."""
+        if first not in self._starts or after_last not in self._starts:
+            now = self.timeline.open_step_start
+            if now is not None:
+                self.attachment.meter.wait(now)  # every step before this one is measured now ...
+                self.timeline.flush(trainer)  # ... and delivered to on_step_measured
+                if after_last == self._step_begun:
+                    self._starts.setdefault(after_last, now)  # the mark this step's figures will carry
+        start, end = self._starts.get(first), self._starts.get(after_last)
+        return (start, end) if start is not None and end is not None and start.resolved and end.resolved else None
+
     def _merge_pending(self, trainer: Trainer) -> None:
-        """Turn the last finished window into a profile: energy summed over ranks, time of the slowest."""
+        """Turn the last finished window into a profile: energy summed over ranks, time of the slowest.
+
+        A collective: every rank calls it at the same transition. A window some rank cannot measure (its
+        steps' figures never came: the fit stopped inside its last step) is dropped on every rank.
+        """
         if self._pending is None:
             return
-        limit_W, start, end = self._pending
+        limit_W, first, after_last = self._pending
+        marks = self._window_marks(trainer, first, after_last)  # still pending: a flush there delivers its steps
         self._pending = None
-        self._session.meter.wait(end)
-        m = measure(start, end)
-        local = (sum(m.energy_J.get(name, 0.0) for name in self._device_sensors), m.duration_s)
+        keep = self._bounding_steps()
+        self._starts = {step: mark for step, mark in self._starts.items() if step in keep}
+        local = None
+        if marks is not None:
+            m = measure(*marks)
+            local = (sum(m.energy_J.get(name, 0.0) for name in self._device_sensors), m.duration_s)
         rows = distributed.gather(trainer, local)
+        if any(row is None for row in rows):
+            rank_zero_warn(f"PowerLimitOptimizer: the window of {limit_W} W could not be measured; it is dropped")
+            if limit_W in self.limits_profiled:
+                self.limits_profiled.remove(limit_W)
+            return
         self.profiles[limit_W] = LimitProfile(limit_W, sum(r[0] for r in rows), max(r[1] for r in rows),
                                               self.profile_steps)
 
@@ -465,7 +516,7 @@ class PowerLimitOptimizer(Callback):
             self._write_results(trainer)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any, batch_idx: int) -> None:
-        if self._log_every and (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % self._log_every == 0:
+        if not trainer.fit_loop.epoch_loop._should_accumulate() and trainer._logger_connector.should_update_logs:
             self._log(trainer, {"power_limit/current_W": float(self._current_W)})
 
     # ---------------------------------------------------------------- interruptions
@@ -485,7 +536,9 @@ class PowerLimitOptimizer(Callback):
         limit_W = state.current_power_limit // MILLI
         rank_zero_info(f"PowerLimitOptimizer: {type(state).__name__.lower()} of {limit_W} W interrupted by {reason}; "
                        "it is profiled again")
-        self._window_start = None
+        self._window_first = None
+        keep = self._bounding_steps()
+        self._starts = {step: mark for step, mark in self._starts.items() if step in keep}
         self.retried_windows += 1
         self._state = Ready(next_power_limit=limit_W * MILLI, steps=1)
         if not self.dry_run:
@@ -534,10 +587,7 @@ class PowerLimitOptimizer(Callback):
                 logger.experiment.add_figure("power_limit/profile", figure, global_step=trainer.global_step, close=False)
 
     def _log(self, trainer: Trainer, metrics: dict) -> None:
-        if trainer.is_global_zero:
-            step = trainer.fit_loop.epoch_loop._batches_that_stepped
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=step)
+        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
 
     # ---------------------------------------------------------------- dry run
     def _finish_dry_run(self, trainer: Trainer) -> None:
@@ -603,7 +653,7 @@ class PowerLimitOptimizer(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
-        if self._session is not None:  # already set up (Lightning restores callbacks after setup)
+        if self.attachment is not None:  # already set up (Lightning restores callbacks after setup)
             self._apply_resume(self._resume)
 
     def _apply_resume(self, saved: dict) -> None:

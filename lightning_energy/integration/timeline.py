@@ -196,6 +196,12 @@ class Timeline:
         """A mark now, for a callback's own window (e.g. across several steps); resolved like all others."""
         return self.meter.mark()
 
+    @property
+    def open_step_start(self) -> Mark | None:
+        """The start mark of the optimizer step now running (the one its :class:`StepFigures` will carry as
+        ``start``); None between steps. For a decision that needs the energy up to this step's start now."""
+        return self._step.start if self._step is not None else None
+
     # ------------------------------------------------------------------ boundaries (training thread)
     def fit_started(self, trainer) -> None:
         if self.fit_start is None:
