@@ -18,31 +18,6 @@ from lightning_energy.sensors.base import Sensor
 MODES = ("min", "max")
 
 
-class SinceTrainStart:
-    """Energy (J, all ranks) and time (s, slowest rank) from :meth:`begin`, read at epoch-level points.
-
-    Kept for :class:`~lightning_energy.callbacks.bso.ZeusBatchSizeOptimizer` until it reads the Trainer's
-    timeline; :class:`EnergyToAccuracy` no longer uses it. ``session``: anything with a ``meter`` (the
-    legacy ``MeterSession`` or an integration ``Attachment``).
-    """
-
-    def __init__(self, session, energy_sensors: list[str] | None = None) -> None:
-        self.session = session
-        self.energy_sensors = energy_sensors
-        self.start: Mark | None = None
-
-    def begin(self) -> None:
-        self.start = self.session.meter.wait(self.session.meter.mark())
-
-    def read(self, trainer: Trainer) -> tuple[float, float]:
-        """Waits for a mark now (per-epoch use) and gathers over ranks: a collective, all ranks call it."""
-        end = self.session.meter.wait(self.session.meter.mark())
-        m = measure(self.start, end)
-        names = self.energy_sensors if self.energy_sensors is not None else list(m.energy_J)
-        rows = distributed.gather(trainer, (sum(m.energy_J.get(n, 0.0) for n in names), m.duration_s))
-        return sum(r[0] for r in rows), max(r[1] for r in rows)
-
-
 def metric_value(trainer: Trainer, monitor: str) -> float | None:
     value = trainer.callback_metrics.get(monitor)
     return None if value is None else float(value)

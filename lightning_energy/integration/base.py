@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 from lightning.pytorch import Callback
@@ -161,11 +162,9 @@ class MeteredCallback(Callback):
         warnings.warn(message, UserWarning, stacklevel=3)
 
     @staticmethod
-    def write_output(path, data) -> "Path | None":
+    def write_output(path, data) -> Path | None:
         """Write a report file atomically (``data``: text, or JSON-able); never raises on a full disk or a
         read-only log dir: warns in one line and returns None instead of the path."""
-        from pathlib import Path
-
         from lightning_energy.io import try_atomic_write_json, try_atomic_write_text
 
         problem = try_atomic_write_text(path, data) if isinstance(data, str) else try_atomic_write_json(path, data)
