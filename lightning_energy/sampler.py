@@ -289,10 +289,11 @@ class Sampler:
             if generation != self._generation:
                 return
             readings = []
+            breakpoints = self._breakpoints(t)
             for series, value, fields, error in values:
                 if error is None:
                     try:
-                        series.add_reading(t, value)
+                        series.add_reading(t, value, breakpoints.get(series.name, ()))
                         series.fields = fields
                     except Exception as err:  # a non-finite value, a counter going backwards, ...
                         error = f"{type(err).__name__}: {err}"
@@ -317,6 +318,21 @@ class Sampler:
             for meter in self._meters:
                 meter.resolve(self.series)
             self._trim()
+
+    def _breakpoints(self, t: float) -> dict[str, list[float]]:
+        """Times (s) up to ``t`` of the marks the meters still wait on, per sensor of each meter: where the
+        work, hence the power, changes (``SensorSeries.add_reading``). Under the data lock; a few marks.
+
+        A device mark whose time is not known yet is left out (its interval keeps the midpoint rule).
+        """
+        out: dict[str, list[float]] = {}
+        for meter in self._meters:
+            # the training thread appends marks without a lock: copy the deque in one C call (atomic)
+            times = [m.t for m in tuple(meter._pending_marks) if m.t is not None and m.t <= t]
+            if times:
+                for name in meter.sensor_names:
+                    out.setdefault(name, []).extend(times)
+        return out
 
     def force_resolve(self, meter: Meter, mark: Mark) -> None:
         """Resolve ``mark`` now from the samples at hand, extrapolating sensors that do not reach it yet.

@@ -1,11 +1,34 @@
 """Cumulative-energy series of one sensor: the points the sampler keeps and interpolation over them.
 
 Every sensor becomes a list of (time s, cumulative energy J) points; a window's energy is the difference
-of the linear interpolation of these points at its two edges.
+of the linear interpolation of these points at its two edges. It is one function of time for all
+windows: consecutive windows add up exactly (steps + gaps = epoch) and a covered time's figure never
+changes (:meth:`SensorSeries.covers`).
 
-- Power sensors add a point per sample, integrated with the trapezoid rule (exact for constant power and
-  for linear ramps between samples).
-- Counters without a known update period add a point per reading, at the time of the reading.
+**Boundary rule.** Power changes where the work changes: at the Meter's marks (step, epoch and loop
+boundaries). The sampler passes the times of its meters' pending marks with every reading
+(``add_reading(t, value, breakpoints=...)``; host marks have their time at once, a device mark only once
+the device reached it), and each series puts the change of power of a sample interval (power sensors) or
+counter period (counters) at the marks inside it rather than spreading it evenly:
+
+- Power sensors (reading ``P0`` at ``t0``, ``P1`` at ``t1``): zero-order hold with one change. The
+  trapezoid rule is this rule with the change at the middle of the interval, and it stays so without a
+  mark inside ``(t0, t1)`` (one point at ``t1``). With marks ``b1 <= ... <= bL`` inside, ``P0`` holds until
+  ``b1`` and ``P1`` from ``bL`` on (points at ``b1``, ``bL`` and ``t1``): exact when the power changes at
+  one mark of the interval. Why the first mark: under the assumption the power read at ``t0`` holds
+  until the next boundary, and the power read at ``t1`` has held since the last one; between them
+  (several boundaries in one interval: steps or gaps shorter than the sampling interval) the readings
+  say nothing and that stretch gets their mean ``(P0 + P1) / 2``, the trapezoid's own value. With one
+  mark, "the first" and "the last" are the same point.
+  Cost on ramps (the assumption does not hold): the trapezoid is exact at the samples of a linear ramp; a
+  change put at a mark ``b`` is off by ``k × Δt × (b − mid)`` over the interval (``k`` the slope: at most
+  ``k × Δt² / 2``), and these add up over an epoch. So a change that continues the trend of the interval
+  before is not a step: the change point moves from ``mid`` towards the marks by ``1 − k_prev / k``
+  clamped to [0, 1] (:func:`ramp_weight`; ``k_prev``, ``k`` the slopes of the interval before and of this
+  one). A step after a flat interval (or after one whose change went to a mark) gets the marks; a
+  linear ramp the trapezoid, exact at its samples again. Where the assumption fails otherwise (power
+  changing off the marks), an interval is off by at most ``Δt × |P1 − P0|``, twice the trapezoid's worst
+  case; measured in ``benchmarks/fidelity.py``.
 - Counters that only advance every ``counter_update_period_s`` (NVML's energy counter: ~0.1 s, on the
   card's own schedule) keep a point only when the counter moves, placed at the time the counter
   *updated* rather than when the move was seen. An update seen at read ``hi`` happened in
@@ -15,12 +38,34 @@ of the linear interpolation of these points at its two edges.
   update and read jitter). Until the phase is pinned down, and for an update that does not fit it, the
   point goes at the time of the read that saw the move. A counter that does not move for
   :data:`STALE_COUNTER_PERIODS` periods gets a point anyway (real zero power), at the update it skipped
-  when the phase is known, so that windows over an idle device still resolve.
+  when the phase is known, so that windows over an idle device still resolve. Counters without a known
+  period add a point per reading, at the time of the reading.
+- Counters, boundary rule: between two counter points the power is constant (linear interpolation), except
+  in a period ``(u0, u1)`` that holds marks while the periods before and after it hold none. Then, by
+  the assumption, the power before the first mark ``b1`` is that of the period before (``Pb``) and after
+  the last mark ``bL`` that of the period after (``Pa``); the period's own energy ``E`` (exact: the
+  counter's) is kept. One mark: the energy at it is ``e0 + Pb (b − u0)`` or ``e1 − Pa (u1 − b)``, the two
+  agreeing on an exact step; each is weighted by how little it relies on its power (``(u1 − b)/(u1 − u0)``
+  for the first), which also shares out the error of a placed update time. Several marks: points at
+  ``b1`` and ``bL`` from each side, linear between. The figure is clamped into ``[e0, e1]`` (power never
+  negative), and the period stays linear where the rebuilt step could not hold: ``E / (u1 − u0)`` not
+  between ``Pb`` and ``Pa``, or the two sides overlapping. It needs the update *after* the period: a mark
+  in such a period resolves one counter point later (one update period, 0.1 s for NVML), and ``covers``
+  says so. From the mark that is at most two periods and a read while the counter moves (0.25 s for NVML
+  read at 20 Hz), three if it stops right after the mark (the period after then ends at the staleness
+  point: 0.30 s), within ``Sampler.resolution_timeout_s`` (0.35 s at those settings). A period whose
+  neighbours hold marks (steps shorter than about two update periods) stays linear: nothing then says
+  where inside it the work changed. On a ramp the neighbours' averages are not the power at the period's
+  edges and the figure at a mark is off by up to 9/32 × ``k × period²`` (``k`` the slope); unlike power sensors
+  there is no ramp test, as a slope drawn from period averages is too noisy (tried: it cost more on noisy
+  steps than it saved on ramps).
 
-The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once a point at or after ``t`` exists:
-with counter points at their update times that is the first update after ``t``, not the first read.
+The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once the points around ``t`` are final: a
+point at or after ``t`` exists and, for a counter, ``t`` is not in a period still waiting for the update
+after it. Points are appended, or inserted (counters' rebuilt steps) only after the last covered time.
 
-:func:`window_bound_J` gives each window's attribution bound (formula in its docstring).
+:func:`window_bound_J` gives each window's attribution bound (formula in its docstring): it does not rely
+on the boundary rule's assumption.
 """
 
 from __future__ import annotations
@@ -161,20 +206,40 @@ class CounterPhase:
         return self.half_width_s + self.tolerance_s
 
 
+def ramp_weight(previous: tuple[float, float, bool] | None, t0: float, p0: float, dt: float, dp: float) -> float:
+    """How far (0..1) a power change ``dp`` over ``(t0, t0 + dt)`` moves from mid-interval to its marks.
+
+    1 for a step: the interval before (``previous``: its start time and reading, and whether its own change
+    went to a mark) was flat, or went the other way, or its change was put at a mark (a boundary, not a
+    ramp). On a ramp the interval before already moved the same way: with slopes ``k_prev`` and ``k``,
+    the weight is ``1 − k_prev / k`` clamped to [0, 1], 0 (the trapezoid, exact at the samples of a linear
+    ramp) once the power rose (or fell) as fast before as across this interval.
+    """
+    if previous is None:
+        return 1.0
+    t_prev, p_prev, marked = previous
+    if marked or not t0 > t_prev:
+        return 1.0
+    ratio = ((p0 - p_prev) / (t0 - t_prev)) / (dp / dt)
+    return min(max(1.0 - ratio, 0.0), 1.0)
+
+
 @dataclass(frozen=True)
 class EdgeBound:
     """What a series knows about the cumulative energy at one time (one edge of a window).
 
     ``energy_J``: the figure (:meth:`SensorSeries.energy_at`). Counters: the true cumulative energy is
     within ``[low_J, high_J]`` (``high_J`` is ``inf`` while no update known to come after the time has
-    been seen). Power sensors: ``low_J == high_J == energy_J`` and ``swing_J`` is the running sum of
-    ``Δt × |ΔP| / 2`` over the sample intervals up to the time (see :func:`window_bound_J`).
+    been seen). Power sensors: ``low_J == high_J == energy_J``; ``over_J`` and ``under_J`` are running
+    sums, up to the time, of how much the true energy can exceed (fall short of) the figure in each
+    stretch between points (see :func:`window_bound_J`).
     """
 
     energy_J: float
     low_J: float
     high_J: float
-    swing_J: float = 0.0
+    over_J: float = 0.0
+    under_J: float = 0.0
     resolution_J: float = 0.0
 
 
@@ -194,10 +259,12 @@ class SensorSeries:
         self.times: list[float] = []
         self.energies: list[float] = []
         # per point: earliest and latest time at which a counter's update can have happened (for power
-        # sensors and exact counters both equal the point's time) and the running swing sum (power)
+        # sensors and exact counters both equal the point's time; a counter's rebuilt step, which is no
+        # reading, has (-inf, inf)) and, for power sensors, the running sums of the bound (EdgeBound)
         self.update_early: list[float] = []
         self.update_late: list[float] = []
-        self._swing: list[float] = []
+        self._over: list[float] = []
+        self._under: list[float] = []
         self.power_w = math.nan  # latest power, W (read, or derived from the last two points)
         self.fields: dict[str, float] = {}
         self.failure: str | None = None
@@ -206,6 +273,11 @@ class SensorSeries:
         self.phase: CounterPhase | None = None
         self._last_read: float | None = None
         self._last_read_t = -math.inf
+        # counters: the marks seen lately (the boundary rule looks at a period's neighbours), and whether
+        # the last period waits for the next point (its marks' figures are not final yet)
+        self._breaks: list[float] = []
+        self._waiting = False
+        self._previous: tuple[float, float, bool] | None = None  # power: (t, P) read before the last, marked
 
     def read_recently(self, t: float) -> bool:
         """True if the sensor asks for fewer reads and its last one is younger than that interval."""
@@ -218,8 +290,12 @@ class SensorSeries:
 
     @property
     def last_time_s(self) -> float | None:
-        """Time (s, sampler clock) of the last point: for a failed sensor, its last good sample."""
-        return self.times[-1] if self.times else None
+        """Time (s, sampler clock) up to which the figures are final (:meth:`covers`): the last point, or
+        the one before it while a counter period waits for the update after it; for a failed sensor, its
+        last good sample (a waiting period then stays linear)."""
+        if not self.times:
+            return None
+        return self.times[-2] if self._waiting and self.failure is None else self.times[-1]
 
     @property
     def last_energy_J(self) -> float | None:
@@ -231,15 +307,23 @@ class SensorSeries:
         """Time (s) of the latest reading (for counters it may be later than the last point)."""
         return self._last_read_t if math.isfinite(self._last_read_t) else None
 
-    def _append(self, t: float, energy: float, early: float, late: float, swing: float = 0.0) -> None:
+    def _append(self, t: float, energy: float, early: float, late: float, over: float = 0.0,
+                under: float = 0.0) -> None:
         self.times.append(t)
         self.energies.append(energy)
         self.update_early.append(early)
         self.update_late.append(late)
-        self._swing.append(swing)
+        self._over.append(over)
+        self._under.append(under)
 
-    def add_reading(self, t: float, value: float) -> None:
-        """Add one reading taken at time ``t``: joules for counters, watts for power sensors."""
+    def add_reading(self, t: float, value: float, breakpoints=()) -> None:
+        """Add one reading taken at time ``t``: joules for counters, watts for power sensors.
+
+        ``breakpoints``: times (s, any order) of the marks not resolved yet, up to ``t``: where the work,
+        hence the power, may change (see the module's boundary rule). Marks already passed on are
+        harmless; a mark left out (a device mark whose time is not known yet) leaves its interval to
+        the midpoint (power) or linear (counter) rule.
+        """
         previous_read_t, self._last_read_t = self._last_read_t, t
         self.trace_energy_J = math.nan
         if not math.isfinite(value):
@@ -247,19 +331,12 @@ class SensorSeries:
         if self.kind == "power":
             if value < 0:
                 raise ValueError(f"sensor returned a negative power: {value} W")
-            if self.times:
-                dt = t - self.times[-1]
-                energy = self.energies[-1] + dt * (self.power_w + value) / 2.0
-                swing = self._swing[-1] + dt * abs(value - self.power_w) / 2.0
-            else:
-                energy, swing = 0.0, 0.0
-            self._append(t, energy, t, t, swing)
-            self.power_w = value
-            self.trace_energy_J = energy
+            self._add_power(t, value, breakpoints)
             return
         if self._last_read is not None and value < self._last_read:
             raise ValueError(f"energy counter went backwards ({self._last_read} J -> {value} J)")
         self._last_read = value
+        self._note_breaks(breakpoints)
         period = self.sensor.counter_update_period_s
         if period is not None and not period > 0:
             period = None
@@ -272,6 +349,7 @@ class SensorSeries:
             dt = t - self.times[-1]
             self.power_w = (value - self.energies[-1]) / dt if dt > 0 else self.power_w
             self._append(t, value, t, t)
+            self._counter_point_added()
             self.trace_energy_J = value
             return
         if self.phase is None or self.phase.period_s != period:
@@ -287,7 +365,112 @@ class SensorSeries:
         dt = u - self.times[-1]
         self.power_w = (value - self.energies[-1]) / dt if dt > 0 else self.power_w
         self._append(u, value, early, late)
+        self._counter_point_added()
         self.trace_energy_J = value
+
+    # --- power sensors: zero-order hold, the change at the marks (mid-interval without one, or on a ramp) ---
+    def _add_power(self, t: float, value: float, breakpoints) -> None:
+        previous, self._previous = self._previous, None
+        if not self.times:
+            self._append(t, 0.0, t, t)
+            self.power_w = value
+            self.trace_energy_J = 0.0
+            self._previous = (t, value, False)
+            return
+        t0, e0, p0 = self.times[-1], self.energies[-1], self.power_w
+        over, under = self._over[-1], self._under[-1]
+        dt, dp = t - t0, value - p0
+        inside = sorted(b for b in breakpoints if t0 < b < t) if dp != 0.0 and dt > 0 else []
+        weight = ramp_weight(previous, t0, p0, dt, dp) if inside else 0.0
+        if weight > 0.0:
+            # the change at the marks (pulled towards mid-interval on a ramp): P0 until the first, P1 from
+            # the last, their mean in between; truth - figure stays within [min(0, ±dp), max(0, ±dp)] where
+            # the figure holds a reading (power between the two readings), within ±|dp|/2 where it holds
+            # their mean
+            mid = t0 + dt / 2.0
+            c1, cl = mid + weight * (inside[0] - mid), mid + weight * (inside[-1] - mid)
+            e1 = e0 + p0 * (c1 - t0)
+            over, under = over + max(dp, 0.0) * (c1 - t0), under + max(-dp, 0.0) * (c1 - t0)
+            self._append(c1, e1, c1, c1, over, under)
+            if cl > c1:
+                e1 += (p0 + value) / 2.0 * (cl - c1)
+                over, under = over + abs(dp) / 2.0 * (cl - c1), under + abs(dp) / 2.0 * (cl - c1)
+                self._append(cl, e1, cl, cl, over, under)
+            energy = e1 + value * (t - cl)
+            over, under = over + max(-dp, 0.0) * (t - cl), under + max(dp, 0.0) * (t - cl)
+        else:  # no mark inside, or a ramp: the trapezoid (the mean of the two readings all along)
+            energy = e0 + dt * (p0 + value) / 2.0
+            over, under = over + dt * abs(dp) / 2.0, under + dt * abs(dp) / 2.0
+        self._append(t, energy, t, t, over, under)
+        self.power_w = value
+        self.trace_energy_J = energy
+        self._previous = (t0, p0, weight > 0.0)
+
+    # --- counters: a step rebuilt inside a period that holds marks -------------------------------------
+    def _note_breaks(self, breakpoints) -> None:
+        """Remember the marks after the point that starts the oldest period the rule may still look at."""
+        floor = self.times[-3] if len(self.times) >= 3 else -math.inf
+        known = self._breaks
+        if known and known[0] <= floor:
+            del known[:bisect.bisect_right(known, floor)]
+        for b in breakpoints:
+            if b > floor:
+                i = bisect.bisect_left(known, b)
+                if i == len(known) or known[i] != b:
+                    known.insert(i, b)
+
+    def _marks_inside(self, lo: float, hi: float) -> list[float]:
+        known = self._breaks
+        return known[bisect.bisect_right(known, lo):bisect.bisect_left(known, hi)]
+
+    def _counter_point_added(self) -> None:
+        """A counter point was appended: settle the period that waited for it, then see whether the new
+        last period must wait (it holds marks and the period before it holds none)."""
+        times = self.times
+        if self._waiting:
+            self._waiting = False
+            self._rebuild_step(len(times) - 3)
+        n = len(times)
+        if n >= 3 and self._marks_inside(times[-2], times[-1]) and not self._marks_inside(times[-3], times[-2]):
+            self._waiting = True
+
+    def _rebuild_step(self, i: int) -> None:
+        """Rebuild the power step inside the period ``(times[i], times[i+1])`` (see the module docstring)."""
+        times, energies = self.times, self.energies
+        if i < 1 or i + 2 >= len(times):
+            return
+        u0, u1, u2, um = times[i], times[i + 1], times[i + 2], times[i - 1]
+        marks = self._marks_inside(u0, u1)
+        if not marks or self._marks_inside(u1, u2) or min(u1 - u0, u0 - um, u2 - u1) <= 0:
+            return
+        e0, e1 = energies[i], energies[i + 1]
+        span = u1 - u0
+        before = (e0 - energies[i - 1]) / (u0 - um)
+        after = (energies[i + 2] - e1) / (u2 - u1)
+        mean = (e1 - e0) / span
+        if before == after or not min(before, after) <= mean <= max(before, after):
+            return
+        b1, bl = marks[0], marks[-1]
+        from_before = e0 + before * (b1 - u0)
+        from_after = e1 - after * (u1 - bl)
+        if b1 == bl:
+            x = b1 - u0
+            figure = min(max(((span - x) * from_before + x * from_after) / span, e0), e1)
+            new = [(b1, figure)]
+        else:
+            from_before, from_after = min(max(from_before, e0), e1), min(max(from_after, e0), e1)
+            if from_before > from_after:
+                return
+            new = [(b1, from_before), (bl, from_after)]
+        at = i + 1
+        for t, energy in new:
+            times.insert(at, t)
+            energies.insert(at, energy)
+            self.update_early.insert(at, -math.inf)  # no reading: never a bracket of the true energy
+            self.update_late.insert(at, math.inf)
+            self._over.insert(at, 0.0)
+            self._under.insert(at, 0.0)
+            at += 1
 
     def _place_update(self, lo: float, hi: float, period: float) -> tuple[float, float, float]:
         """Time of the update seen at ``hi`` (previous read at ``lo``) and the span it lies in."""
@@ -323,11 +506,17 @@ class SensorSeries:
         return t, t - period, t
 
     def covers(self, t: float) -> bool:
-        """True when the energy at time ``t`` is known (a point at or after ``t`` exists)."""
-        return bool(self.times) and self.times[-1] >= t
+        """True when the energy at time ``t`` is final: a point at or after ``t`` exists and ``t`` is not
+        inside a counter period waiting for the update after it (:attr:`last_time_s`)."""
+        last = self.last_time_s
+        return last is not None and last >= t
 
     def energy_at(self, t: float) -> float | None:
-        """Cumulative energy (J) at time ``t`` by linear interpolation; None if not covered."""
+        """Cumulative energy (J) at time ``t`` by linear interpolation; None past the last point.
+
+        Between :attr:`last_time_s` and the last point (a counter period waiting for the next update) the
+        figure is provisional: read it only where :meth:`covers` says so.
+        """
         times = self.times
         if not times or t > times[-1]:
             return None
@@ -350,12 +539,13 @@ class SensorSeries:
         energy = self.energy_at(t)
         if self.kind == "power":
             if t <= times[0]:
-                swing = self._swing[0]
-            else:
-                i = bisect.bisect_left(times, t)
-                t0, t1 = times[i - 1], times[i]
-                swing = self._swing[i - 1] + (self._swing[i] - self._swing[i - 1]) * (t - t0) / (t1 - t0)
-            return EdgeBound(energy, energy, energy, swing)
+                return EdgeBound(energy, energy, energy, self._over[0], self._under[0])
+            i = bisect.bisect_left(times, t)
+            t0, t1 = times[i - 1], times[i]
+            f = (t - t0) / (t1 - t0)
+            over = self._over[i - 1] + (self._over[i] - self._over[i - 1]) * f
+            under = self._under[i - 1] + (self._under[i] - self._under[i - 1]) * f
+            return EdgeBound(energy, energy, energy, over, under)
         # counters: the last point whose update surely happened by t, the first one surely after t
         low = -math.inf
         for j in range(bisect.bisect_right(times, t) - 1, -1, -1):
@@ -382,13 +572,14 @@ class SensorSeries:
     def trim_before(self, t: float, keep_at_least: int) -> None:
         """Forget points older than the one just before ``t`` while keeping ``keep_at_least`` points."""
         cut = bisect.bisect_left(self.times, t) - 1
-        cut = min(cut, len(self.times) - keep_at_least)
+        cut = min(cut, len(self.times) - max(keep_at_least, 4))  # a waiting period looks 1 point back
         if cut > 0:
             del self.times[:cut]
             del self.energies[:cut]
             del self.update_early[:cut]
             del self.update_late[:cut]
-            del self._swing[:cut]
+            del self._over[:cut]
+            del self._under[:cut]
 
 
 def bound_between(start: EdgeBound | None, end: EdgeBound | None) -> float:
@@ -402,7 +593,8 @@ def bound_between(start: EdgeBound | None, end: EdgeBound | None) -> float:
     low = max(0.0, end.low_J - start.high_J)
     high = end.high_J - start.low_J
     spread = max(estimate - low, high - estimate, 0.0)
-    return spread + (end.swing_J - start.swing_J) + start.resolution_J + end.resolution_J
+    swing = max(end.over_J - start.over_J, end.under_J - start.under_J)
+    return spread + swing + start.resolution_J + end.resolution_J
 
 
 def window_bound_J(series: SensorSeries, start_s: float, end_s: float) -> float:
@@ -414,16 +606,24 @@ def window_bound_J(series: SensorSeries, start_s: float, end_s: float) -> float:
     first one, or past the last one: an extrapolated edge), so record :meth:`SensorSeries.edge_bound`
     when each edge resolves.
 
-    Power sensors (readings ``P_i`` at ``t_i``, integrated by the trapezoid rule and interpolated
-    linearly, i.e. at the mean of the two readings over each sample interval): assuming the power inside
-    a sample interval stays between the readings at its two ends (at most one change, or a ramp, between
-    two samples), each sample interval overlapping the window by ``L_i`` seconds is off by at most
-    ``L_i × |P_{i+1} − P_i| / 2``::
+    Power sensors (readings ``P_i`` at ``t_i``; each sample interval held at ``P_i`` until its change
+    point (its first mark, or a point between it and mid-interval on a ramp) and at ``P_{i+1}`` from the
+    last one, at their mean in between or, without a mark inside, over the whole interval: the
+    trapezoid). The bound does NOT rely on the power changing at the marks; it
+    assumes only that the power inside a sample interval stays between the readings at its two ends (at
+    most one change, or a ramp, between two samples). Then, with ``ΔP_i = P_{i+1} − P_i``, the true
+    power minus the figure's lies in ``[min(0, ΔP_i), max(0, ΔP_i)]`` where the figure holds ``P_i``, in
+    ``[min(0, −ΔP_i), max(0, −ΔP_i)]`` where it holds ``P_{i+1}`` and within ``±|ΔP_i| / 2`` where it holds
+    the mean. Summed over the window's overlap with each of these stretches (``O``: how much the true
+    energy can exceed the figure, ``U``: fall short of it)::
 
-        bound = Σ_i  L_i × |P_{i+1} − P_i| / 2
+        bound = max(O, U)
 
-    For a window whose power changes only at its edges this is the two edge terms: at most one sampling
-    interval × the power swing across each edge / 2 (the trapezoid puts a step mid-interval); constant
+    Without marks this is the former trapezoid bound ``Σ_i L_i × |ΔP_i| / 2`` (``L_i``: the window's
+    overlap with interval ``i``). At a window edge on a mark, the edge term is the part of the cut
+    interval inside the window × ``|ΔP|``: twice the trapezoid's per second, because the rule bets on the
+    mark and the bound covers a change anywhere in the interval (on a square wave changing at the marks
+    the figure is exact and the bound is what it would be off by if the change were at a sample). Constant
     power gives 0. Changes inside a long window count too, at their worst case: their errors have random
     signs, so a long window is usually far closer than this sum. Power that changes several times within
     one sampling interval (steps shorter than the interval) breaks the assumption: the readings cannot
@@ -435,7 +635,9 @@ def window_bound_J(series: SensorSeries, start_s: float, end_s: float) -> float:
     interval between the read that did not see it and the one that did), so the true cumulative energy
     at an edge ``x`` lies in ``[L(x), H(x)]``: ``L`` the value of the last update surely at or before
     ``x``, ``H`` that of the first surely after it (one counter granularity, the energy of one update,
-    wide when the update times are known). With the estimate ``Ê = E(end) − E(start)``::
+    wide when the update times are known). The figure at an edge always lies in ``[L, H]`` (a rebuilt step
+    inside a period stays between the values at its two ends), so this holds whatever the power did
+    inside the period. With the estimate ``Ê = E(end) − E(start)``::
 
         bound = max(Ê − max(0, L(end) − H(start)),  H(end) − L(start) − Ê) + 2 × counter_resolution_J
 

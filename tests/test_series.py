@@ -1,4 +1,5 @@
-"""The attribution rule of one sensor's series: counter updates at their update times, bounds, edge cases.
+"""The attribution rule of one sensor's series: counter updates at their update times, the boundary rule
+(power changes at the marks), bounds, edge cases.
 
 Every series is fed by hand on made-up times (no clock, no thread): a counter that integrates a known
 power trace and updates on its own schedule (NVML's energy counter: every 0.1 s, unknown phase), and
@@ -320,7 +321,7 @@ def test_trimming_keeps_the_points_and_their_spans_together():
     n = len(series.times)
     cut_at = series.times[n // 2]
     series.trim_before(cut_at, keep_at_least=4)
-    lists = (series.times, series.energies, series.update_early, series.update_late, series._swing)
+    lists = (series.times, series.energies, series.update_early, series.update_late, series._over, series._under)
     assert len({len(values) for values in lists}) == 1 and series.times[1] == cut_at
     assert all(e <= t <= l for e, t, l in zip(series.update_early, series.times, series.update_late))
 
@@ -403,3 +404,302 @@ def test_edge_bounds_recorded_at_resolution_give_the_window_bound():
     assert start.low_J <= trace.energy(a) <= start.high_J and end.low_J <= trace.energy(b) <= end.high_J
     assert bound_between(start, end) == window_bound_J(series, a, b)
     assert bound_between(None, end) == math.inf
+
+
+# ---------------------------------------------------------------------------------------- boundary rule
+def feed_with_marks(series: SensorSeries, reads: list[float], value, marks: list[float]) -> dict[float, float]:
+    """Feed ``value(t)`` at each read as the sampler does (the marks pending up to the read passed as
+    breakpoints) and resolve marks as the Meter does (in order, once covered); returns the figure of each
+    mark at its resolution, and checks it never changes afterwards."""
+    pending, figures, upcoming = [], {}, sorted(marks)
+    for t in reads:
+        while upcoming and upcoming[0] <= t:
+            pending.append(upcoming.pop(0))
+        series.add_reading(t, value(t), breakpoints=list(pending))
+        while pending and series.covers(pending[0]):
+            m = pending.pop(0)
+            figures[m] = series.energy_at(m)
+    for m, figure in figures.items():
+        assert series.energy_at(m) == figure, "a covered figure changed"
+    return figures
+
+
+def square_at_marks(marks: list[float], low: float = 50.0, high: float = 150.0) -> Trace:
+    """Power alternating low/high, changing exactly at ``marks`` (relative to T0)."""
+    return Trace([(-1.0, low)] + [(m, high if k % 2 == 0 else low) for k, m in enumerate(marks)])
+
+
+def test_power_changes_at_marks_between_samples_give_exact_step_energies():
+    rel_marks = [0.013 + 0.1 * k for k in range(19)]  # 100 ms steps, 13 ms after a sample
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    reads = [T0 + 0.05 * k for k in range(42)]
+    series = SensorSeries(PowerSensor())
+    figures = feed_with_marks(series, reads, trace.power, marks)
+    unaware = SensorSeries(PowerSensor())  # the same readings without the marks: the trapezoid
+    for t in reads:
+        unaware.add_reading(t, trace.power(t))
+    assert len(figures) == len(marks)
+    for a, b in zip(marks, marks[1:]):
+        exact = trace.energy(b) - trace.energy(a)
+        assert exact in (pytest.approx(15.0), pytest.approx(5.0))
+        assert figures[b] - figures[a] == pytest.approx(exact, rel=1e-12, abs=1e-12)
+        # the trapezoid (no marks: the change mid-interval, 12 ms off) is 2.5 J off every step
+        assert abs(unaware.energy_at(b) - unaware.energy_at(a) - exact) == pytest.approx(2.5, rel=1e-9)
+    # at the samples the cumulative energy is exact too (so are windows between any marks and samples)
+    for t in reads[1:]:
+        assert series.energy_at(t) - series.energy_at(reads[0]) == pytest.approx(
+            trace.energy(t) - trace.energy(reads[0]), rel=1e-12)
+
+
+def test_power_with_several_marks_in_one_interval_holds_each_reading_up_to_the_nearest_mark():
+    series = SensorSeries(PowerSensor())
+    series.add_reading(T0, 50.0)
+    series.add_reading(T0 + 0.05, 150.0, breakpoints=[T0 + 0.03, T0 + 0.01, T0 - 0.2, T0 + 0.07])
+    assert series.times == pytest.approx([T0, T0 + 0.01, T0 + 0.03, T0 + 0.05])
+    # 50 W until the first mark, the mean (100 W) between the marks, 150 W from the last one on
+    assert series.energies == pytest.approx([0.0, 0.5, 2.5, 5.5], rel=1e-12)
+    assert series.power_w == 150.0 and series.trace_energy_J == pytest.approx(5.5)
+
+
+def test_power_on_a_ramp_keeps_the_trapezoid_exact_at_the_samples():
+    def power(t):  # flat 50 W, then a ramp of 100 W/s from 0.2 s, marks every 100 ms at +13 ms
+        return 50.0 + 100.0 * max(0.0, t - T0 - 0.2)
+
+    def energy(t):
+        x = max(0.0, t - T0 - 0.2)
+        return 50.0 * (t - T0) + 50.0 * x * x
+
+    reads = [T0 + 0.05 * k for k in range(30)]
+    marks = [T0 + 0.013 + 0.1 * k for k in range(14)]
+    series = SensorSeries(PowerSensor())
+    feed_with_marks(series, reads, power, marks)
+
+    def exact(a, b):
+        return energy(b) - energy(a)
+
+    # the ramp's first interval (0.20-0.25, flat before it) looks like a step: its change goes to the mark
+    # at 0.213, which costs k Δt (b - mid) = 100 × 0.05 × (0.213 - 0.225) = -0.06 J (at most k Δt² / 2)
+    first = series.energy_at(reads[5]) - series.energy_at(reads[4])
+    assert first - exact(reads[4], reads[5]) == pytest.approx(5.0 * (0.225 - 0.213), rel=1e-9)
+    # from then on the interval before rose as fast: the trapezoid, exact at the samples
+    for a, b in zip(reads[5:], reads[6:]):
+        assert series.energy_at(b) - series.energy_at(a) == pytest.approx(exact(a, b), rel=1e-12)
+    for m in marks[3:]:  # between samples: the trapezoid's k Δt² / 8 at most
+        i = bisect.bisect_left(reads, m)
+        error = series.energy_at(m) - series.energy_at(reads[i - 1]) - exact(reads[i - 1], m)
+        assert abs(error) <= 100.0 * 0.05 ** 2 / 8 + 1e-9
+
+
+@pytest.mark.parametrize("sensor", ["power", "exact counter", "nvml counter"])
+def test_constant_power_stays_exact_with_marks(sensor):
+    trace = Trace([(-1.0, 120.0)])
+    if sensor == "power":
+        series, value = SensorSeries(PowerSensor()), trace.power
+    else:
+        series = SensorSeries(CounterSensor(period=None if sensor == "exact counter" else PERIOD))
+        value = Counter(trace, schedule()).read if sensor == "nvml counter" else trace.energy
+    reads = drifting_reads(200)
+    marks = [T0 + 0.3 + 0.137 * k for k in range(68)]
+    figures = feed_with_marks(series, reads, value, marks)
+    if sensor == "nvml counter":  # once the phase is pinned (4 s): the placed update times, 0.5 ms each
+        marks, tolerance = [m for m in marks if m > T0 + 4.0], 2 * 120.0 * 0.5e-3
+    else:
+        tolerance = 1e-9
+    for a, b in zip(marks, marks[1:]):
+        assert figures[b] - figures[a] == pytest.approx(120.0 * (b - a), abs=tolerance)
+    if sensor == "power":
+        assert window_bound_J(series, marks[0], marks[-1]) == 0.0
+        assert len(series.times) == len(reads)  # no change, no extra point
+
+
+def test_counter_exact_at_reads_rebuilds_a_step_at_its_mark():
+    rel_marks = [0.113 + 0.3 * k for k in range(19)]  # 300 ms steps, reads every 50 ms
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    reads = [T0 + 0.05 * k for k in range(120)]
+    series = SensorSeries(CounterSensor(period=None))  # RAPL-like: exact at every read
+    figures = feed_with_marks(series, reads, trace.energy, marks)
+    linear = SensorSeries(CounterSensor(period=None))
+    feed(linear, Counter(trace, reads), reads)
+    for a, b in zip(marks, marks[1:]):
+        exact = trace.energy(b) - trace.energy(a)
+        assert figures[b] - figures[a] == pytest.approx(exact, rel=1e-12)
+        # linear between the reads: each change spread over its 50 ms, 2 × 100 W × 13 ms × 37/50 off
+        assert abs(linear.energy_at(b) - linear.energy_at(a) - exact) == pytest.approx(2 * 100.0 * 0.013 * 0.037 / 0.05)
+
+
+def test_a_counter_mark_resolves_one_point_later_and_its_figure_is_final():
+    trace = square_at_marks([0.313])
+    series = SensorSeries(CounterSensor(period=None))
+    mark = T0 + 0.313
+    reads = [T0 + 0.05 * k for k in range(10)]
+    for t in reads[:7]:  # up to 0.30: the mark is not reached
+        series.add_reading(t, trace.energy(t), breakpoints=[mark] if mark <= t else [])
+    series.add_reading(reads[7], trace.energy(reads[7]), breakpoints=[mark])  # 0.35: the period holding it
+    assert series.times[-1] > mark and not series.covers(mark)  # waits for the period after
+    assert series.last_time_s == reads[6]
+    series.add_reading(reads[8], trace.energy(reads[8]), breakpoints=[mark])  # 0.40: settled
+    assert series.covers(mark) and series.last_time_s == reads[8]
+    assert series.energy_at(mark) == pytest.approx(trace.energy(mark) - trace.energy(reads[0]) + series.energies[0])
+    assert series.update_early[series.times.index(mark)] == -math.inf  # a rebuilt point is no reading
+    # a sensor that fails while a period waits keeps that period linear, final
+    stuck = SensorSeries(CounterSensor(period=None))
+    for t in reads[:8]:
+        stuck.add_reading(t, trace.energy(t), breakpoints=[mark] if mark <= t else [])
+    assert not stuck.covers(mark)
+    stuck.failure = "gone"
+    assert stuck.covers(mark) and stuck.last_time_s == reads[7]
+
+
+def test_nvml_like_counter_with_marks_attributes_steps_within_the_update_placement():
+    rel_marks = [0.513 + 0.3 * k for k in range(28)]
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    counter = Counter(trace, schedule())
+    reads = drifting_reads(190)
+    series = SensorSeries(CounterSensor())
+    figures = feed_with_marks(series, reads, counter.read, marks)
+    linear = SensorSeries(CounterSensor())
+    feed(linear, counter, reads)
+    errors, linear_errors = [], []
+    marks = [m for m in marks if m > T0 + 4.0]  # once the phase is pinned down
+    for a, b in zip(marks, marks[1:]):
+        exact = trace.energy(b) - trace.energy(a)
+        errors.append(abs(figures[b] - figures[a] - exact))
+        linear_errors.append(abs(linear.energy_at(b) - linear.energy_at(a) - exact))
+        assert errors[-1] <= window_bound_J(series, a, b) + 1e-9
+    # each edge off by at most the update placement (~0.5 ms) × the 100 W swing, not by the period's spread
+    assert max(errors) <= 2 * 100.0 * 1e-3
+    assert sorted(linear_errors)[len(linear_errors) // 2] >= 2.0  # linear over the period: J per step
+
+
+def test_power_bound_with_a_mark_covers_a_change_anywhere_in_the_interval():
+    mark = T0 + 0.02
+    worst = 0.0
+    for true_change in [0.0005 + 0.001 * k for k in range(50)]:  # the power really steps anywhere in 0-50 ms
+        trace = Trace([(-1.0, 50.0), (true_change, 150.0)])
+        series = SensorSeries(PowerSensor())
+        for t in (0.0, 0.05, 0.1, 0.15):
+            series.add_reading(T0 + t, trace.power(T0 + t), breakpoints=[mark])
+        figure = series.energy_at(T0 + 0.15) - series.energy_at(mark)
+        assert figure == pytest.approx(0.13 * 150.0)  # the figure bets on the mark
+        error = abs(figure - (trace.energy(T0 + 0.15) - trace.energy(mark)))
+        # the 30 ms of the cut interval inside the window × the 100 W swing
+        assert window_bound_J(series, mark, T0 + 0.15) == pytest.approx(3.0)
+        assert error <= window_bound_J(series, mark, T0 + 0.15) + 1e-9
+        assert window_bound_J(series, T0, mark) == pytest.approx(2.0)  # the 20 ms before it
+        worst = max(worst, error)
+    assert worst == pytest.approx(3.0, abs=0.06)  # the bound is what a change at the far sample costs
+
+
+@pytest.mark.parametrize("step_s", [0.1, 0.3, 1.0])
+def test_bounds_contain_the_true_error_with_marks(step_s):
+    rng = random.Random(int(step_s * 1000) + 1)
+    rel_marks = [0.0137 + k * step_s for k in range(int(6.0 / step_s) + 1)]
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    counter = Counter(trace, [u + rng.uniform(-0.001, 0.001) for u in schedule()])
+    reads, t = [], T0
+    while t < T0 + 6.5:
+        reads.append(t)
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    for series, value in ((SensorSeries(PowerSensor()), trace.power), (SensorSeries(CounterSensor()), counter.read),
+                          (SensorSeries(CounterSensor(period=None)), trace.energy)):
+        bounds = {}
+        pending, upcoming = [], list(marks)
+        for t in reads:  # the Meter records each edge's bound when the mark resolves
+            while upcoming and upcoming[0] <= t:
+                pending.append(upcoming.pop(0))
+            series.add_reading(t, value(t), breakpoints=list(pending))
+            while pending and series.covers(pending[0]):
+                m = pending.pop(0)
+                bounds[m] = (series.energy_at(m), series.edge_bound(m))
+        edges = [m for m in marks if m in bounds and m > T0 + 1.0]
+        for a, b in list(zip(edges, edges[1:])) + [(edges[0], edges[-1])]:
+            error = abs(bounds[b][0] - bounds[a][0] - (trace.energy(b) - trace.energy(a)))
+            bound = series_module.bound_between(bounds[a][1], bounds[b][1])
+            assert error <= bound + 1e-9, (series.kind, series.sensor.counter_update_period_s, a - T0, error, bound)
+
+
+def test_steps_plus_gaps_equal_the_epoch_through_the_sampler(manual_sampler, clock):
+    """The sampler passes its meters' pending marks: a power that changes at the step boundaries, between
+    samples, gives exact step energies (power sensor, and a counter exact at its reads whose neighbouring
+    read intervals hold no boundary), and steps + gaps add up to the epoch."""
+    from lightning_energy.meter import Meter, measure
+    from lightning_energy.sensors.simulated import SimulatedSensor
+
+    # relative to the sensors' origin (the clock at acquire): gaps of 163-177 ms at 40 W, steps at 200 / 90 W
+    boundaries, trace, t = [], [(0.0, 40.0)], 0.117
+    for i in range(12):
+        boundaries += [t, t + 0.2 + 0.1 * (i % 3)]  # step start, step end
+        trace += [(t, 200.0 if i % 2 == 0 else 90.0), (boundaries[-1], 40.0)]
+        t = boundaries[-1] + 0.163 + 0.014 * (i % 2)  # each gap holds samples: its 40 W is seen
+    sensors = [SimulatedSensor("cpu", trace, scope="host", clock=clock),
+               SimulatedSensor("rapl", trace, kind="energy", clock=clock)]
+    names = manual_sampler.acquire("test", sensors, interval_s=0.05, start_thread=False)
+    meter = Meter(manual_sampler, names)
+    meter.clock.record = clock
+    manual_sampler.add_meter(meter)
+    origin = clock()
+    epoch_start = meter.mark()
+    marks = []
+    for b in boundaries + [t]:
+        while clock() + 0.05 < origin + b:  # sample every 50 ms up to the boundary, then mark at it
+            clock.advance(0.05)
+            manual_sampler.sample_once()
+        clock.t = origin + b
+        marks.append(meter.mark())
+    epoch_end = marks.pop()
+    for _ in range(6):
+        clock.advance(0.05)
+        manual_sampler.sample_once()
+    assert all(m.resolved and not m.extrapolated for m in [epoch_start, *marks, epoch_end])
+    steps = list(zip(marks[0::2], marks[1::2]))
+    gaps = list(zip([epoch_start, *marks[1::2]], [*marks[0::2], epoch_end]))
+    epoch = measure(epoch_start, epoch_end)
+    for name, sensor in zip(names, sensors):
+        for a, b in steps:
+            exact = sensor.energy_at(b.t - origin) - sensor.energy_at(a.t - origin)
+            assert measure(a, b).energy_J[name] == pytest.approx(exact, rel=1e-9), name
+        total = sum(measure(a, b).energy_J[name] for a, b in steps + gaps)
+        assert total == pytest.approx(epoch.energy_J[name], rel=1e-12)
+        assert epoch.energy_J[name] == pytest.approx(
+            sensor.energy_at(epoch_end.t - origin) - sensor.energy_at(epoch_start.t - origin), rel=1e-9), name
+
+
+@pytest.mark.parametrize("after_w", [50.0, 0.0])  # 0 W: the counter stops, the period after comes stale
+def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(manual_sampler, clock, after_w):
+    from lightning_energy.meter import Meter
+    from lightning_energy.sensors.simulated import SimulatedSensor
+
+    change = 5.0137  # s after the sensor's origin; its counter updates every 0.1 s from the origin
+    sensor = SimulatedSensor("gpu", [(0.0, 150.0), (change, after_w)], kind="energy", counter_update_period_s=PERIOD,
+                             clock=clock)
+    names = manual_sampler.acquire("test", [sensor], interval_s=0.05, start_thread=False)
+    meter = Meter(manual_sampler, names)
+    meter.clock.record = clock
+    manual_sampler.add_meter(meter)
+    origin = clock()
+    before = meter.mark()
+    while clock() + 0.0505 < origin + change:  # 50 ms ticks running 0.5 ms late: the phase gets pinned
+        clock.advance(0.0505)
+        manual_sampler.sample_once()
+    clock.t = origin + change
+    mark = meter.mark()
+    waited = None
+    for _ in range(20):
+        clock.advance(0.0505)
+        manual_sampler.sample_once()
+        if mark.resolved and waited is None:
+            waited = clock() - mark.t
+    series = manual_sampler.series["gpu"]
+    assert series.phase.pinned and mark.resolved and not mark.extrapolated
+    # one counter period later than at the first update after the mark, within the sampler's wait
+    assert PERIOD < waited <= manual_sampler.resolution_timeout_s()
+    from lightning_energy.meter import measure
+
+    window = measure(before, mark)
+    error = abs(window.energy_J["gpu"] - (sensor.energy_at(change) - sensor.energy_at(before.t - origin)))
+    # off by the update placement only (the phase is known within ±4.4 ms here), and within the bound
+    assert error <= 150.0 * series.phase.half_width_s and error <= window.bound_J
