@@ -4,6 +4,8 @@ Used by ``PrecisionSwitch`` to measure the loss gap of a reduced-precision mode 
 and random numbers of the real step. The replay runs before the real step under ``torch.no_grad`` in
 ``32-true``; the random number generators are forked (so dropout draws the same masks in both), logging
 calls are ignored, and buffers (BatchNorm statistics) and torchmetrics states are put back afterwards.
+``PrecisionSwitch`` runs it inside the step as the Trainer timeline's sub-window ``precision_probe``: it is
+in no step figure, and is reported apart.
 """
 
 from __future__ import annotations

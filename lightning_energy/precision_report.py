@@ -14,9 +14,10 @@ def build_precision_report(
     *, fixed_mode: str | None, plan: list[str], tolerance: float, objective: str, chosen: str | None,
     decision: str | None, final_mode: str, phase: str, profiles: dict[str, dict], rejected: dict[str, str],
     trained_per_rank: list[dict[str, dict]], switches: list[dict], checks: list[dict], checks_total: int,
-    skipped_steps: int, estimated: bool, nonfinite_losses: int = 0,
+    skipped_steps: int, estimated: bool, nonfinite_losses: int = 0, probes_per_rank: list[dict] = (),
 ) -> dict:
-    """The report as a JSON-ready dict. ``trained_per_rank``: per rank, mode -> steps, energy_J, seconds."""
+    """The report as a JSON-ready dict. ``trained_per_rank``: per rank, mode -> steps, energy_J, seconds
+    (the probes excluded); ``probes_per_rank``: per rank, the probes' steps, energy_J and seconds."""
     trained_modes = {name for rank in trained_per_rank for name in rank}
     rows = []
     for name in MODE_NAMES:
@@ -65,6 +66,13 @@ def build_precision_report(
         "switches": list(switches),
         "checks": list(checks[-KEPT_CHECKS:]),
         "checks_total": checks_total,
+        # the full-precision replays measuring the loss gap, apart from every step figure: steps that had
+        # one, their energy (J, all ranks) and time (s, the slowest rank)
+        "probe": {
+            "steps": max((p["steps"] for p in probes_per_rank), default=0),
+            "energy_J": sum(p["energy_J"] for p in probes_per_rank),
+            "seconds": max((p["seconds"] for p in probes_per_rank), default=0.0),
+        },
     }
 
 
@@ -90,6 +98,10 @@ def format_precision_report(report: dict) -> str:
         )
     for event in report["switches"]:
         lines.append(f"  step {event['step']}: {event['from']} -> {event['to']} ({event['reason']})")
+    probe = report.get("probe") or {}
+    if probe.get("steps"):
+        lines.append(f"  loss-gap probes (not in the figures above): {probe['steps']} steps, "
+                     f"{_num(probe['energy_J'])} J, {_num(probe['seconds'])} s")
     if report.get("nonfinite_losses"):
         lines.append(f"  non-finite training losses: {report['nonfinite_losses']} (all ranks)")
     return "\n".join(lines)

@@ -550,6 +550,7 @@ def test_the_probe_replays_the_step_without_side_effects():
     ({"objective": "carbon"}, "`objective` must be one of"),
     ({"drift_patience": 0}, "`drift_patience`"),
     ({"interval_s": 0}, "`interval_s`"),
+    ({"sensors": [ModePowerSensor({"32-true": 1.0})], "backend": "zeus"}, "give either `sensors` or `backend`"),
 ])
 def test_arguments_are_validated_at_construction(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -699,3 +700,22 @@ def test_energy_report_carries_the_precision_table(tmp_path):
     assert section is switch.report  # built once, shared by both reports
     assert section["final_mode"] == "bf16-mixed"
     assert json.loads(energy.report_path.read_text())["sections"]["precision"]["final_mode"] == "bf16-mixed"
+
+
+def test_a_full_disk_at_fit_end_never_fails_the_fit(tmp_path, monkeypatch, capsys):
+    """precision_report.json meets a full disk: one warning, the fit completes, the report stays in memory."""
+    import errno
+
+    from lightning_energy import io
+
+    def full_disk(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(io, "atomic_write_text", full_disk)
+    callback = switch(mode="bf16-mixed", verbose=True)
+    with pytest.warns(UserWarning, match="precision_report.json not written") as record:
+        trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback], max_epochs=1, logger=False)
+    assert trainer.current_epoch == 1 and trainer.global_step == 10
+    assert sum("precision_report.json" in str(w.message) for w in record) == 1
+    assert callback.report_path is None and callback.report["modes"][0]["trained_steps"] == 10
+    assert "report: not written" in capsys.readouterr().out

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
-from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark
+from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.precision import (
     MODE_LEGEND,
     MODES,
@@ -24,19 +24,18 @@ from lightning_energy.precision import (
 )
 from lightning_energy.precision_probe import reference_loss
 from lightning_energy.precision_report import KEPT_CHECKS, REPORT_FILE, build_precision_report, format_precision_report
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
-from lightning_energy.session import open_meter_session
+from lightning_energy.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.sensors.base import Sensor
 
 DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
 OBJECTIVES = ("energy", "time", "edp")
 # window statistics, summed over steps and ranks: finite loss sum, finite losses, non-finite losses,
 # relative loss gap sum, probes
 _LOSS_SUM, _LOSS_N, _NONFINITE, _GAP_SUM, _GAP_N = range(5)
+PROBE = "precision_probe"  # the timeline's sub-window of the full-precision replay
 
 
-class PrecisionSwitch(Callback):
+class PrecisionSwitch(MeteredCallback):
     """Profile precision modes, train with the cheapest one whose loss stays within ``tolerance`` of float32.
 
     ``Trainer(callbacks=[EnergyCallback(), PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"])])``
@@ -44,10 +43,14 @@ class PrecisionSwitch(Callback):
     :class:`~lightning_energy.precision.SwitchablePrecision` plugin (or uses one given in ``plugins``).
 
     1. Profiling. The reference ``32-true`` and then each candidate trains ``warmup_steps`` + ``profile_steps``
-       steps. Over the profile steps the shared meter gives energy per step and time per step. On every
-       profiling step of a candidate the callback replays ``training_step`` on the same batch, weights and
-       random numbers in ``32-true`` (under ``torch.no_grad``, logging silenced, buffers and torchmetrics
-       states restored afterwards) and records the relative loss gap ``|loss - reference| / |reference|``.
+       optimizer steps. Over the profile steps the Trainer's timeline (the step windows every suite callback
+       reads) gives energy per step and time per step. On every profiling step of a candidate the callback
+       replays ``training_step`` on the same batch, weights and random numbers in ``32-true`` (under
+       ``torch.no_grad``, logging silenced, buffers and torchmetrics states restored afterwards) and records
+       the relative loss gap ``|loss - reference| / |reference|``. The replay is a named sub-window of the
+       step (``precision_probe``): no step figure includes it, whatever the order of ``Trainer(callbacks=[...])``,
+       and an EnergyCallback logs it apart as ``energy/extra/precision_probe_J`` and
+       ``time/extra/precision_probe_s``.
     2. Pick. Among the modes with no non-finite step and a mean gap <= ``tolerance``, the cheapest by
        ``objective`` (energy per step, time per step, or their product) is trained with.
     3. Guard. Every ``check_every_n_steps`` steps the gap is measured again. The callback falls back to the next
@@ -83,8 +86,10 @@ class PrecisionSwitch(Callback):
     ``precision/mode``. With a TensorBoard logger the start ("step N: starts in a (reason)") and each mode
     change ("step N: a -> b (reason)") are also text entries ``precision/mode``. At the end of fit
     ``precision_report.json`` in the log dir holds a per-mode table (profiled energy and time per step, loss
-    gap, status; steps, energy and time trained in each mode), every switch with its reason and the legend;
-    with ``verbose`` the table is printed.
+    gap, status; optimizer steps, energy and time trained in each mode, the probes left out), the probes'
+    own energy and time (``probe``), every switch with its reason and the legend; with ``verbose`` the
+    table is printed. A full disk or a read-only log dir never fails the fit: a warning, ``report_path``
+    None (EnergyCallback's ``energy_report.json`` carries the same table under ``sections``).
 
     Args:
         candidates: modes to choose from (default ``["32-true", "bf16-mixed", "16-mixed"]``). ``32-true`` is
@@ -154,22 +159,15 @@ class PrecisionSwitch(Callback):
         if objective not in OBJECTIVES:
             raise ValueError(f"`objective` must be one of {OBJECTIVES}, got {objective!r}")
         self.objective = objective
-        for flag, value in (("probe", probe), ("verbose", verbose)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{flag}` must be a bool, got {type(value).__name__}")
+        self.check_flags(probe=probe, verbose=verbose)
         self.probe = probe
         self.verbose = verbose
-        self._user_sensors = None if sensors is None else validate_sensors(sensors)
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self._user_sensors = self.check_sensors(sensors, backend)
         self.backend = backend
-        self.interval_s = float(interval_s)
+        self.interval_s = self.check_interval(interval_s)
         self.plugin: SwitchablePrecision | None = None
         self.report: dict | None = None
         self.report_path: Path | None = None
-        self._session = None
         self._restored: dict | None = None
         self._reset_run_state()
 
@@ -194,8 +192,15 @@ class PrecisionSwitch(Callback):
         self._since_check = 0
         self._window: _LossWindow | None = None
         self._batch_mode: str | None = None
-        self._batch_start: Mark | None = None
         self._ref_loss: torch.Tensor | None = None
+        # per optimizer step (Lightning's step number, the one its StepFigures carry), tagged at its first
+        # batch: (the mode it runs in, the mode whose profile it counts in or None); the figures arrive a
+        # few steps later and are summed per mode
+        self._step_tags: dict[int, tuple[str, str | None]] = {}
+        self._step_begun: int | None = None
+        self._profile_sums: dict[str, _Sums] = {}  # mode -> its profile steps so far (this rank)
+        self._trained: dict[str, _Sums] = {}  # mode -> every step trained in it (this rank)
+        self._probes = _Sums()  # the steps with a probe: the probes' own energy and time (this rank)
         self._skips_before = 0
         self._warned: set[str] = set()
         self._estimated = False
@@ -212,7 +217,7 @@ class PrecisionSwitch(Callback):
             if reason := unavailable_reason(MODES[self.mode], device_type):
                 raise ValueError(f"PrecisionSwitch(mode={self.mode!r}) cannot run on {device_type!r}: {reason}")
             plugin.request_mode(self.mode)
-        if stage != "fit" or self._session is not None:
+        if stage != "fit" or self.attachment is not None:
             return
         self._reset_run_state()
         if self.mode is None:
@@ -222,9 +227,9 @@ class PrecisionSwitch(Callback):
         if self.probe and not pl_module.automatic_optimization:
             rank_zero_warn("PrecisionSwitch: manual optimization, so the loss gap is not measured (probe off); "
                            "only non-finite steps and exploding losses are guarded against.")
-        self._session = open_meter_session(trainer, self, self._user_sensors, self.backend, self.interval_s)
-        self._meter = self._session.meter
-        self._estimated = any(getattr(s, "estimated", False) for s in self._session.sensors)
+        attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
+        self._names = attachment.sensor_names  # this callback's sensors: the figures carry every sensor's
+        self._estimated = any(getattr(s, "estimated", False) for s in attachment.sensors)
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def _install_plugin(self, trainer: Trainer) -> SwitchablePrecision:
@@ -255,17 +260,6 @@ class PrecisionSwitch(Callback):
             plan.append(name)
         return plan
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._release()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        if self._session is not None:
-            session, self._session = self._session, None
-            session.close()
-
     # ---------------------------------------------------------------- training
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._restored:
@@ -278,7 +272,6 @@ class PrecisionSwitch(Callback):
             self._request(self.current)
         self._skips_before = self.plugin.skipped_steps
         self._window = _LossWindow(trainer.strategy.root_device)
-        self._log_every = max(int(trainer.log_every_n_steps), 0)
         self._announce_start(trainer)
 
     def _announce_start(self, trainer: Trainer) -> None:
@@ -295,16 +288,24 @@ class PrecisionSwitch(Callback):
                 logger.log_hyperparams({"precision/start_mode": mode, "precision/mode_legend": MODE_LEGEND})
         self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({reason})")
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._meter.clock.reanchor()
-
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # the timeline has opened this step's window (MeteredCallback reports the boundary first)
         self._batch_mode = self.plugin.mode_name
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
+            self._step_begun = step
+            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode))
         self._ref_loss = None
         if self._probe_enabled and self._probe_due():
-            self._ref_loss = reference_loss(trainer, pl_module, self.plugin, batch, batch_idx)
+            with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
+                self._ref_loss = reference_loss(trainer, pl_module, self.plugin, batch, batch_idx)
         self._skips_before = self.plugin.skipped_steps
-        self._batch_start = self._meter.mark()  # after the probe: profiled windows exclude it
+
+    def _profiled_mode(self, mode: str) -> str | None:
+        """The mode whose profile a step now starting in ``mode`` counts in (past its warm-up), else None."""
+        if self.phase != "profiling" or mode != self.plan[self._profile_index]:
+            return None
+        return mode if self._steps_in_mode >= self.warmup_steps else None
 
     def _probe_due(self) -> bool:
         if self._batch_mode == REFERENCE_MODE:
@@ -313,19 +314,32 @@ class PrecisionSwitch(Callback):
             return self._batch_mode == self.plan[self._profile_index]
         return self.check_every_n_steps > 0 and self._since_check == self.check_every_n_steps - 1
 
+    def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
+        """A step's figures (a few steps after it, the probe excluded): summed per mode and per profile."""
+        tag = self._step_tags.pop(figures.step, None)
+        if tag is None:
+            return
+        mode, profiled = tag
+        m = figures.measurement
+        joules = sum(m.energy_J.get(name, 0.0) for name in self._names)
+        self._trained.setdefault(mode, _Sums()).add(joules, m.duration_s)
+        if profiled is not None:
+            self._profile_sums.setdefault(profiled, _Sums()).add(joules, m.duration_s)
+        probe = figures.extras.get(PROBE)
+        if probe is not None:
+            self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
-        meter = self._meter
-        end = meter.mark()
-        mode = self._batch_mode
-        meter.add_window(self._batch_start, end, tag=("fit", mode))
         self._accumulate(trainer, outputs)
-        step = _log_step(trainer)
-        if self._log_every and (step + 1) % self._log_every == 0:
+        if trainer.fit_loop.epoch_loop._should_accumulate():
+            return  # the optimizer steps at a later batch: the step goes on
+        mode = self._batch_mode
+        if trainer._logger_connector.should_update_logs:
             self._log(trainer, {"precision/mode": float(MODES[mode].code)})
         failure = self._step_failure(mode)
         if self.phase == "profiling":
-            self._profiling_step(trainer, mode, end, failure)
+            self._profiling_step(trainer, mode, failure)
         elif self.phase == "guarding" and failure is not None:
             self._fall_back(trainer, mode, failure)
         else:
@@ -353,17 +367,15 @@ class PrecisionSwitch(Callback):
         return "non-finite gradients (optimizer step skipped)"
 
     # ---------------------------------------------------------------- profiling
-    def _profiling_step(self, trainer: Trainer, mode: str, end: Mark, failure: str | None) -> None:
+    def _profiling_step(self, trainer: Trainer, mode: str, failure: str | None) -> None:
         target = self.plan[self._profile_index]
         if mode != target:  # a deferred switch (gradient accumulation) has not happened yet
             return
-        self._steps_in_mode += 1
-        if self._steps_in_mode > self.warmup_steps:
-            self._meter.add_window(self._batch_start, end, tag=("profile", target))
+        self._steps_in_mode += 1  # past the warm-up, the step was tagged for the profile at its start
         done = self._steps_in_mode >= self.warmup_steps + self.profile_steps
         if failure is None and not done:
             return
-        self._local_profiles[target] = self._finish_local_profile(target, failure)
+        self._local_profiles[target] = self._finish_local_profile(trainer, target, failure)
         self._profile_index += 1
         self._steps_in_mode = 0
         if self._profile_index < len(self.plan):
@@ -372,18 +384,14 @@ class PrecisionSwitch(Callback):
         else:
             self._decide(trainer)
 
-    def _finish_local_profile(self, mode: str, failure: str | None) -> dict:
-        meter = self._meter
-        meter.wait(meter.mark())  # every window queued so far is resolved
-        totals = meter.totals.pop(("profile", mode), None)
-        stats = self._window.take().tolist()
-        return {
-            "steps": totals.count if totals else 0,
-            "energy_J": totals.total_J if totals else 0.0,
-            "seconds": totals.duration_s if totals else 0.0,
-            "stats": stats,
-            "failure": failure,
-        }
+    def _finish_local_profile(self, trainer: Trainer, mode: str, failure: str | None) -> dict:
+        # the decision is due now, at the end of the profile's last step, whose figures usually arrive a few
+        # steps later: wait (bounded) until the samples cover this moment, then have them all delivered
+        self.attachment.meter.wait(self.timeline.mark())
+        self.timeline.flush(trainer)
+        sums = self._profile_sums.pop(mode, None) or _Sums()
+        return {"steps": sums.steps, "energy_J": sums.energy_J, "seconds": sums.seconds,
+                "stats": self._window.take().tolist(), "failure": failure}
 
     def _decide(self, trainer: Trainer) -> None:
         gathered = distributed.gather(trainer, self._local_profiles)
@@ -521,9 +529,7 @@ class PrecisionSwitch(Callback):
                     logger.experiment.add_text("precision/mode", text, global_step=_log_step(trainer))
 
     def _log(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        if trainer.is_global_zero and metrics:
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=_log_step(trainer))
+        self.log_metrics(trainer, metrics, _log_step(trainer))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -534,10 +540,12 @@ class PrecisionSwitch(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._build_report(trainer):
             return
-        self.report_path = atomic_write_json(self._log_dir / REPORT_FILE, self.report)
+        # a full disk or a read-only log dir never fails the fit: the writer warns, report_path stays None
+        self.report_path = self.write_output(self._log_dir / REPORT_FILE, self.report)
         if self.verbose:
-            print(format_precision_report(self.report) + f"\nreport: {self.report_path}", flush=True)
-        else:
+            where = self.report_path or "not written (see the warning)"
+            print(format_precision_report(self.report) + f"\nreport: {where}", flush=True)
+        elif self.report_path is not None:
             rank_zero_info(f"PrecisionSwitch: report written to {self.report_path}")
 
     def energy_report_section(self, trainer: Trainer) -> dict:
@@ -548,16 +556,15 @@ class PrecisionSwitch(Callback):
         """Build ``self.report`` once per fit (collective: every rank calls it); True on rank zero."""
         if not self._report_built:
             self._report_built = True
-            meter = self._meter
-            meter.wait(meter.mark())
-            local = {tag[1]: {"steps": t.count, "energy_J": t.total_J, "seconds": t.duration_s}
-                     for tag, t in meter.totals.items() if isinstance(tag, tuple) and tag[0] == "fit"}
-            gathered = distributed.gather(trainer, local)
+            # the timeline has delivered every step's figures before any on_fit_end body runs
+            trained = {mode: t.as_dict() for mode, t in self._trained.items()}
+            gathered = distributed.gather(trainer, (trained, self._probes.as_dict()))
             if trainer.is_global_zero:
                 self.report = build_precision_report(
                     fixed_mode=self.mode, plan=self.plan, tolerance=self.tolerance, objective=self.objective,
                     chosen=self.chosen, decision=self.decision, final_mode=self.plugin.mode_name, phase=self.phase,
-                    profiles=self.profiles, rejected=self.rejected, trained_per_rank=gathered,
+                    profiles=self.profiles, rejected=self.rejected, trained_per_rank=[g[0] for g in gathered],
+                    probes_per_rank=[g[1] for g in gathered],
                     switches=self.switches, checks=self.checks, checks_total=self.checks_total,
                     skipped_steps=self.plugin.skipped_steps, nonfinite_losses=self.nonfinite_losses,
                     estimated=self._estimated,
@@ -600,6 +607,23 @@ class PrecisionSwitch(Callback):
         self._local_profiles, self._profile_index = dict(state["local_profiles"]), int(state["profile_index"])
         self._best_loss = float(state["best_loss"])
         self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
+
+
+class _Sums:
+    """Energy (J, this callback's sensors) and time (s) of steps, summed."""
+
+    __slots__ = ("steps", "energy_J", "seconds")
+
+    def __init__(self) -> None:
+        self.steps, self.energy_J, self.seconds = 0, 0.0, 0.0
+
+    def add(self, joules: float, seconds: float) -> None:
+        self.steps += 1
+        self.energy_J += joules
+        self.seconds += seconds
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "energy_J": self.energy_J, "seconds": self.seconds}
 
 
 class _LossWindow:
