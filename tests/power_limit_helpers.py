@@ -15,7 +15,6 @@ from conftest import RecordingLogger  # noqa: F401  (re-exported for the power-l
 import torch
 from torch import nn
 
-from lightning_energy import session
 from lightning_energy.integration import session as integration_session
 from lightning_energy.meter import Meter
 from lightning_energy.sampler import Sampler
@@ -73,9 +72,8 @@ def install_fake_time(setattr) -> SamplingClock:
     clock = SamplingClock()
     sampler = ThreadlessSampler(clock=clock)
     clock.sampler = sampler
-    for module in (session, integration_session):
-        setattr(module, "get_sampler", lambda: sampler)
-        setattr(module, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
+    setattr(integration_session, "get_sampler", lambda: sampler)
+    setattr(integration_session, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
     return clock
 
 

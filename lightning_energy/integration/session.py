@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from lightning_energy.meter import Meter
 from lightning_energy.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
 from lightning_energy.sensors.base import Sensor
-from lightning_energy.session import device_clock_for, rank_sensors
+from lightning_energy.clocks import device_clock
+from lightning_energy.session import rank_sensors
 
 
 @dataclass(eq=False)
@@ -102,7 +103,7 @@ def attach(trainer, owner: object, sensors: list[Sensor] | None = None, backend:
     session = _SESSIONS.get(trainer)
     if session is None:
         root = trainer.strategy.root_device
-        clock = device_clock_for(root) if root.type == "cuda" and cuda_events else None
+        clock = device_clock(root) if root.type == "cuda" and cuda_events else None
         session = _SESSIONS[trainer] = TrainerSession(trainer, get_sampler(), clock)
     zeus, notes = None, []
     if sensors is None and backend == "auto":
