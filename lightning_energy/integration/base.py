@@ -29,7 +29,7 @@ def _report(boundary: Callable) -> Callable:
     def wrap(hook: Callable) -> Callable:
         @functools.wraps(hook)
         def reporting_hook(self, trainer, pl_module, *args, **kwargs):
-            timeline = self.timeline
+            timeline = self.__dict__.get("_timeline")  # per step: no property chain
             if timeline is not None:
                 boundary(timeline, trainer, *args)
             return hook(self, trainer, pl_module, *args, **kwargs)
@@ -80,8 +80,8 @@ class MeteredCallback(Callback):
 
     @property
     def timeline(self):
-        attachment = self.__dict__.get("_attachment")
-        return attachment.timeline if attachment is not None else None
+        """The Trainer's timeline while attached, else None."""
+        return self.__dict__.get("_timeline")
 
     @property
     def attachment(self):
@@ -94,6 +94,7 @@ class MeteredCallback(Callback):
         if self.attachment is not None:
             return self.attachment
         attachment = self._attachment = sessions.attach(trainer, self, sensors, backend, interval_s, cuda_events)
+        self._timeline = attachment.timeline
         for note in attachment.notes:
             rank_zero_warn(note)
         if any(hasattr(self, name) for name in ("on_step_measured", "on_loop_measured", "on_epoch_measured")):
@@ -102,6 +103,7 @@ class MeteredCallback(Callback):
 
     def detach(self, trainer=None) -> None:
         attachment = self.__dict__.pop("_attachment", None)
+        self.__dict__.pop("_timeline", None)
         if attachment is None:
             return
         attachment.timeline.unsubscribe(self)

@@ -240,7 +240,7 @@ class Timeline:
         step = self._step
         epoch_loop = trainer.fit_loop.epoch_loop
         step.batches += 1
-        if epoch_loop._should_accumulate():
+        if trainer.accumulate_grad_batches > 1 and epoch_loop._should_accumulate():
             return  # the optimizer steps at a later batch: the window stays open
         self._step = None
         log = bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
