@@ -41,6 +41,17 @@ def manual_sampler(clock) -> Sampler:
     return Sampler(clock=clock)
 
 
+def close_process_group() -> None:
+    """End of a DDP test script: close gloo before the interpreter exits. Lightning leaves the CPU process
+    group open, and gloo torn down at exit aborts now and then ("terminate called without an active
+    exception", exit code -6) after a good fit."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 class RecordingLogger(L.pytorch.loggers.Logger):
     """A minimal third-party logger keeping every (step, metrics) it receives (MLflow and others implement
     the same interface); ``root_dir`` is where the Trainer then writes the report and trace."""

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
-from conftest import TinyRegressor, tiny_loader  # noqa: E402
+from conftest import TinyRegressor, close_process_group, tiny_loader  # noqa: E402
 from lightning_energy import EnergyCallback, SimulatedSensor  # noqa: E402
 
 DEVICE_W, HOST_W = 10.0, 20.0
@@ -40,8 +40,4 @@ if __name__ == "__main__":
         log_every_n_steps=2, limit_val_batches=2 if validation else 0, num_sanity_val_steps=0,
     )
     trainer.fit(TinyRegressor(), tiny_loader(n=160), tiny_loader(n=64) if validation else None)
-    import torch.distributed as dist
-
-    if dist.is_initialized():  # close gloo before the interpreter exits (it may abort at exit otherwise)
-        dist.barrier()
-        dist.destroy_process_group()
+    close_process_group()

@@ -10,7 +10,7 @@ import lightning as L  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
-from conftest import TinyRegressor, tiny_loader  # noqa: E402
+from conftest import close_process_group, TinyRegressor, tiny_loader  # noqa: E402
 from lightning_energy import EnergyCallback, SimulatedSensor  # noqa: E402
 
 DEVICE_W, HOST_W = 80.0, 25.0
@@ -31,3 +31,4 @@ if __name__ == "__main__":
         log_every_n_steps=2,
     )
     trainer.fit(TinyRegressor(), tiny_loader(n=320), tiny_loader(n=64))
+    close_process_group()

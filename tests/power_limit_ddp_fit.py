@@ -41,6 +41,8 @@ def expected_choices() -> dict:
     }
 
 
+from conftest import close_process_group  # noqa: E402
+
 if __name__ == "__main__":
     out_dir = sys.argv[1]
     rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -54,6 +56,7 @@ if __name__ == "__main__":
         enable_checkpointing=False, logger=False,
     )
     trainer.fit(SimModule(), loader(80))
+    close_process_group()
     result = {
         "rank": trainer.global_rank,
         "chosen_W": callback.chosen_limit_W,

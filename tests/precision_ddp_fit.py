@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import tiny_loader  # noqa: E402
+from conftest import close_process_group, tiny_loader  # noqa: E402
 from lightning_energy.callbacks.precision import PrecisionSwitch  # noqa: E402
 from precision_helpers import SAMPLER_INTERVAL_S, FaultyRegressor, FollowMode, ModePowerSensor  # noqa: E402
 
@@ -54,3 +54,4 @@ if __name__ == "__main__":
     )
     model = FaultyRegressor(fault="nan", fault_step=NAN_STEP, fault_steps=1, ranks=(1,))
     trainer.fit(model, tiny_loader(n=320), tiny_loader(n=64))
+    close_process_group()

@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
-from conftest import TinyRegressor, tiny_loader  # noqa: E402
+from conftest import close_process_group, TinyRegressor, tiny_loader  # noqa: E402
 from lightning_energy import EnergyCallback, SimulatedSensor  # noqa: E402
 from lightning_energy.callbacks.carbon import CarbonCallback  # noqa: E402
 from lightning_energy.callbacks.catalog import CatalogCallback  # noqa: E402
@@ -32,3 +32,4 @@ if __name__ == "__main__":
         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=2,
     )
     trainer.fit(TinyRegressor(), tiny_loader(n=320), tiny_loader(n=64))
+    close_process_group()
