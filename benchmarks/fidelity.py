@@ -42,16 +42,13 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import datetime as dt
 import json
 import math
 import os
-import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +57,9 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lightning_energy.sensors.base import Sensor  # noqa: E402
 from lightning_energy.series import SensorSeries, bound_between  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported: benchmarks/machine.py
+from machine import machine_info, write_json_atomic  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "fidelity.json"
 T0 = 5000.0  # where the sampler's clock stands when the trace starts (s)
@@ -429,37 +429,6 @@ def format_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]] | None = 
                      f"epochs {', '.join(f'{p:.9g}' for p in case['epoch_power_W'])} W: max error "
                      f"{case['max_error_pct']:.2e} %")
     return "\n".join(lines)
-
-
-def machine_info() -> dict[str, Any]:
-    """Python and CPU of this machine (the benchmark runs on simulated clocks; the CPU is for the record)."""
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-    }
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,9 +52,7 @@ import contextlib  # noqa: E402
 import cProfile  # noqa: E402
 import datetime as dt  # noqa: E402
 import io  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
-import platform  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -70,6 +68,10 @@ from lightning.pytorch.loggers import TensorBoardLogger  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lightning_energy import EnergyCallback  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported: benchmarks/machine.py
+import machine  # noqa: E402
+from machine import write_json_atomic  # noqa: E402
 
 torch.set_num_threads(1)
 with contextlib.suppress(RuntimeError):  # fails if inter-op work already started
@@ -545,42 +547,14 @@ def machine_info() -> dict[str, Any]:
     """Versions, threads and CPU of this machine."""
     import lightning
 
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "lightning": lightning.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-    }
+    info = machine.machine_info(torch=torch.__version__, lightning=lightning.__version__,
+                                torch_threads=torch.get_num_threads(),
+                                torch_interop_threads=torch.get_num_interop_threads(),
+                                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
     for name in ("codecarbon", "zeus"):
         with contextlib.suppress(Exception):
             info[name] = sys.modules[name].__version__ if name in sys.modules else None
     return info
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def quiet_lightning() -> None:
