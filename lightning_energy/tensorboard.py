@@ -21,6 +21,8 @@ FIGURE_TAG = "power/trace"
 # At most this fraction of the wall time since the first epoch end goes into drawing figures (the
 # drawing thread shares the interpreter lock with training): an epoch whose figure would exceed it
 # gets none. Epochs of seconds or more all get their figure; thousands of millisecond epochs do not.
+MIN_FIGURE_SAMPLES = 10  # an epoch with fewer samples gets no power figure (half a second at 20 Hz)
+FLUSH_INTERVAL_S = 1.0  # writers flushed at most this often when there is no figure to write
 FIGURE_BUDGET = 0.01
 
 
@@ -67,6 +69,8 @@ class TensorBoardExtras:
         self.figures_drawn = 0
         self.figures_skipped = 0  # over the drawing budget, or replaced by a newer epoch's figure before drawn
         self.notes: list[str] = []  # what is left out by design (not a fault): skipped figures
+        self.figures_too_short = 0  # epochs with fewer than MIN_FIGURE_SAMPLES samples: no figure
+        self._last_flush = -math.inf
         self.figure_s = 0.0  # seconds spent drawing and writing figures (worker thread)
         self._first_epoch_end: float | None = None
         self._broken: set[int] = set()  # id() of writers that failed: left alone from then on
@@ -121,14 +125,19 @@ class TensorBoardExtras:
         now = time.perf_counter()
         if self._first_epoch_end is None:
             self._first_epoch_end = now
-        if power_points:
+        if power_points is not None and len(power_points) < MIN_FIGURE_SAMPLES:
+            self.figures_too_short += 1  # a few samples make no picture (one-batch epochs of milliseconds)
+        elif power_points:
             budget = self.figure_budget
             if budget is not None and self.figures_drawn and self.figure_s > budget * (now - self._first_epoch_end):
                 self.figures_skipped += 1
             else:
                 worker.submit(self._write_figure, power_points, epoch, what="power figure", key="power figure")
+                self._last_flush = now
                 return  # the figure job flushes
-        worker.submit(self._flush, what="TensorBoard flush", key="flush")
+        if now - self._last_flush >= FLUSH_INTERVAL_S:  # short epochs: at most one flush a second
+            self._last_flush = now
+            worker.submit(self._flush, what="TensorBoard flush", key="flush")
 
     # ---------------------------------------------------------------- the worker thread
     def _live_writers(self) -> list:
@@ -184,6 +193,9 @@ class TensorBoardExtras:
                       else f"drawing is kept under {self.figure_budget:.0%} of the run's time; ")
             self.notes.append(f"power figure: {skipped} epoch(s) have none ({budget}a newer epoch's figure replaces "
                               f"one not drawn yet); {self.figures_drawn} drawn")
+        if self.figures_too_short:
+            self.notes.append(f"power figure: {self.figures_too_short} epoch(s) have none (fewer than "
+                              f"{MIN_FIGURE_SAMPLES} samples: too short for a picture); their power is in the trace")
         return finished
 
 

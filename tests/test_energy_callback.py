@@ -46,8 +46,11 @@ def tensorboard_scalars(log_dir) -> dict[str, list]:
 
 
 def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
-    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)
-    trainer = fit(tmp_path, callback, TensorBoardLogger(str(tmp_path), name="tb"))
+    # epochs of >= 200 ms sampled at 100 Hz: enough samples for a power figure (shorter epochs get none)
+    callback = EnergyCallback(sensors=simulated_sensors(), verbose=False, interval_s=0.01)
+    trainer = L.Trainer(callbacks=[callback], logger=TensorBoardLogger(str(tmp_path), name="tb"),
+                        **trainer_kwargs(tmp_path))
+    trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48))
     acc = tensorboard_scalars(trainer.log_dir)
     tags = set(acc.Tags()["scalars"])
     missing = [m for m in PUBLIC_METRICS + ["train/loss"] if m not in tags]

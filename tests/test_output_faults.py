@@ -11,6 +11,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 import warnings
 
 import lightning as L
@@ -273,10 +274,16 @@ def test_a_fit_with_tensorboard_drains_the_figures_before_the_writer_closes(tmp_
     from lightning.pytorch.loggers import TensorBoardLogger
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    callback = EnergyCallback(sensors=[SimulatedSensor("device", 100.0)], verbose=False, write_trace=False)
+    class TenMillisecondSteps(TinyRegressor):  # epochs of >= 100 ms: >= 10 samples each, enough for a figure
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.01)
+            return super().training_step(batch, batch_idx)
+
+    callback = EnergyCallback(sensors=[SimulatedSensor("device", 100.0)], verbose=False, write_trace=False,
+                              interval_s=0.005)
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, max_epochs=3))
-    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    trainer.fit(TenMillisecondSteps(), tiny_loader(), tiny_loader(n=48))
     acc = EventAccumulator(str(trainer.log_dir), size_guidance={"images": 0})
     acc.Reload()
     assert "power/trace" in acc.Tags()["images"]

@@ -350,3 +350,22 @@ def test_a_full_disk_at_fit_end_never_fails_the_fit(tmp_path, monkeypatch):
     assert sum("energy_report.json" in str(w.message) for w in record) == 1
     assert sum("carbon" in str(w.message) for w in record) == 1
     assert energy.report["total_J"] > 0 and energy.report_path is None and carbon.report_path is None
+
+
+def test_epochs_too_short_for_a_picture_get_no_power_figure_and_the_report_says_so(tmp_path):
+    """One-batch epochs of milliseconds: no figure is drawn (matplotlib would hold the GIL for more than
+    the epoch), TensorBoard has the scalars, the report's notes count the epochs left without a figure."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    callback = EnergyCallback(sensors=sensors(), verbose=False, write_trace=False)
+    trainer = L.Trainer(callbacks=[callback], logger=TensorBoardLogger(str(tmp_path), name="tb"),
+                        **trainer_kwargs(tmp_path, max_epochs=20, limit_train_batches=1, limit_val_batches=0,
+                                         num_sanity_val_steps=0))
+    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+    acc = EventAccumulator(str(trainer.log_dir), size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    assert "power/trace" not in acc.Tags()["images"]
+    assert len(acc.Scalars("energy/epoch_J")) == 20
+    (note,) = [n for n in callback.report["notes"] if "too short" in n]
+    assert note.startswith("power figure: 20 epoch(s) have none")

@@ -133,8 +133,12 @@ class EnergyCallback(MeteredCallback):
 
     @property
     def state_key(self) -> str:
-        sensors = None if self._user_sensors is None else tuple(s.name for s in self._user_sensors)
-        return self._generate_state_key(backend=self.backend, sensors=sensors)
+        # Lightning reads it at every hook call of every callback (profiler labels): built once
+        key = self.__dict__.get("_state_key")
+        if key is None:
+            sensors = None if self._user_sensors is None else tuple(s.name for s in self._user_sensors)
+            key = self._state_key = self._generate_state_key(backend=self.backend, sensors=sensors)
+        return key
 
     def _reset_run_state(self) -> None:
         self._sampler = None
