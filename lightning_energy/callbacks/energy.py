@@ -73,7 +73,7 @@ class EnergyCallback(MeteredCallback):
 
     With a TensorBoard logger also: a custom-scalars layout placing the training loss beside
     ``energy/step_J`` and ``energy/epoch_J``, and a figure ``power/trace`` of each epoch's power (drawn
-    off the training thread). At the end of fit: a console table and ``energy_report.json`` in the log
+    off the training thread, within 1 % of the run's time; epochs of fewer than 10 samples get none). At the end of fit: a console table and ``energy_report.json`` in the log
     dir; the sample trace ``energy_trace.csv`` and ``energy_events.csv`` (``_rank<N>`` suffix on ranks
     other than 0, ``_fit<N>`` for the N-th fit of one callback).
 
