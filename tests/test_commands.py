@@ -101,8 +101,11 @@ def test_compare_and_report_of_real_energy_callback_runs(tmp_path, capsys):
     assert code == 0, err
     report = json.loads((tmp_path / "report" / "trace_report.json").read_text())
     assert report["total_J"] == pytest.approx(150.0 * report["duration_s"], abs=150.0 * 2e-6)
+    # the trace's times are written to 1 us: a mean power over its span is off by up to 2 us / span
+    # (1.04e-5 was seen on a short fit: fits got shorter once the epoch end stopped waiting for samples)
+    quantum = max(1e-5, 2e-6 / report["duration_s"])
     assert {s["name"]: s["mean_power_W"] for s in report["sensors"]} == pytest.approx({"device": 120.0, "host": 30.0},
-                                                                                    rel=1e-5)
+                                                                                    rel=quantum)
     assert [e["epoch"] for e in report["epochs"]] == [0, 1]
     assert report["attributes"]["batch_size"] == 32 and report["attributes"]["steps"] == 16  # 256 / 32 x 2 epochs
 
