@@ -129,7 +129,8 @@ class Meter:
         return mark
 
     def add_window(self, start: Mark, end: Mark, tag: Any = None, info: Any = None, keep: bool = False) -> None:
-        """Queue a window; when resolved it is added to ``totals[tag]`` and, if ``keep``, to ``results``."""
+        """Queue a window; when resolved it is added to ``totals[tag]`` (unless ``tag`` is None) and, if
+        ``keep``, to ``results``."""
         self._pending_windows.append((start, end, tag, info, keep))
 
     def wait(self, mark: Mark, timeout_s: float | None = None) -> Mark:
@@ -236,6 +237,7 @@ class Meter:
         while windows and windows[0][1].resolved:
             start, end, tag, info, keep = windows.popleft()
             m = measure(start, end)
-            self.totals.setdefault(tag, Totals()).add(m)
+            if tag is not None:
+                self.totals.setdefault(tag, Totals()).add(m)
             if keep:
                 self.results.append((info, m))
