@@ -42,8 +42,20 @@ class Mark:
         return self.energy is not None
 
 
+class EnergyWindow:
+    """Totals of a window with ``energy_J`` (J per sensor) and ``duration_s`` (s)."""
+
+    @property
+    def total_J(self) -> float:
+        return sum(self.energy_J.values())
+
+    @property
+    def mean_power_W(self) -> float:
+        return self.total_J / self.duration_s if self.duration_s > 0 else math.nan
+
+
 @dataclass(frozen=True)
-class Measurement:
+class Measurement(EnergyWindow):
     """Energy (J) per sensor over ``[start_s, end_s]`` (sampler clock, s).
 
     ``missing``: sensors whose figures do not cover the whole window (failed before or inside it, or
@@ -61,13 +73,6 @@ class Measurement:
     def duration_s(self) -> float:
         return self.end_s - self.start_s
 
-    @property
-    def total_J(self) -> float:
-        return sum(self.energy_J.values())
-
-    @property
-    def mean_power_W(self) -> float:
-        return self.total_J / self.duration_s if self.duration_s > 0 else math.nan
 
 
 def measure(start: Mark, end: Mark) -> Measurement:

@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
-from lightning_energy.meter import Mark, Measurement, Meter, measure
+from lightning_energy.meter import EnergyWindow, Mark, Measurement, Meter, measure
 from lightning_energy.sampler import Sampler
 
 LOOP_KINDS = ("val", "test", "predict")
@@ -61,7 +61,7 @@ class StepFigures:
 
 
 @dataclass(frozen=True)
-class LoopFigures:
+class LoopFigures(EnergyWindow):
     """A validation, test or predict loop over all ranks: J per sensor name (summed over ranks)."""
 
     kind: str
@@ -75,14 +75,6 @@ class LoopFigures:
     missing: tuple[dict, ...] = ()
     extrapolated: bool = False
     bound_J: float = math.nan  # attribution bound of total_J (J); nan: not computed (DDP)
-
-    @property
-    def total_J(self) -> float:
-        return sum(self.energy_J.values())
-
-    @property
-    def mean_power_W(self) -> float:
-        return self.total_J / self.duration_s if self.duration_s > 0 else math.nan
 
 
 @dataclass(frozen=True)
