@@ -186,6 +186,7 @@ class EnergyCallback(MeteredCallback):
                 suffix += f"_fit{self._fits}"
             self._trace = TraceWriter(log_dir, self._names, suffix, warn=False)
             self._sampler.add_listener(self._trace)
+            self._sampler.await_coverage(self._names)  # the trace's first row comes before the fit's start mark
         self._log_dir = log_dir
         self._trainer, self._rank = trainer, trainer.global_rank
         self._step_total_key = "energy/total_J" if trainer.world_size == 1 else "energy/rank0_total_J"
