@@ -68,6 +68,7 @@ TICK_LATENESS_S = 0.002  # each tick comes 0-2 ms late (its own cost, wake-up la
 COUNTER_PERIOD_S = 0.1  # NVML's energy counter
 COUNTER_PHASE_S = 0.037
 COUNTER_JITTER_S = 0.0005
+SHAPE_WINDOW_S = 0.025  # A100/H100: the power sensor observes ~25 ms of each 100 ms counter period
 WARMUP_S = 1.0
 EPOCH_S = 10.0
 GOAL_STEP_PCT = 5.0  # per-step error, for steps of at least two sampling intervals
@@ -151,6 +152,14 @@ class CounterSensor(Sensor):
 
     def energy_j(self) -> float:
         raise AssertionError("fed by the benchmark")
+
+
+class ShapedCounterSensor(CounterSensor):
+    """NVML on A100/H100: the counter plus the instant-power field, the mean of the power over the
+    ``SHAPE_WINDOW_S`` the power sensor observes in each counter period, refreshed with each update."""
+
+    shape_window_s = SHAPE_WINDOW_S
+    shape_power_field = "power_W"
 
 
 # ------------------------------------------------------------------------------------------ traces
@@ -256,7 +265,7 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
     duration = warmup + n_steps * case.step_s + 1.0
     trace = case.make(duration + 1.0, case.step_s)
     ticks = tick_times(duration, rng, grid)
-    sensor = PowerSensor() if sensor_kind == "power" else CounterSensor()
+    sensor = {"power": PowerSensor, "counter": CounterSensor, "counter+power": ShapedCounterSensor}[sensor_kind]()
     old, new, unaware = OldSensorSeries(sensor), SensorSeries(sensor), SensorSeries(sensor)
     updates = counter_updates(duration, rng)
     marks = [warmup + k * case.step_s for k in range(n_steps + 1)]
@@ -269,18 +278,22 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
     pending_u: list[float] = []  # the same for the unaware series
     next_mark = 0
     for t in ticks:
+        shape_w = None
         if sensor_kind == "power":
             value = trace.power(t - T0)
         else:
             i = bisect.bisect_right(updates, t) - 1
             value = trace.energy(updates[i] - T0)
+            if sensor_kind == "counter+power":  # the window the power sensor observed before that update
+                u = updates[i] - T0
+                shape_w = (trace.energy(u) - trace.energy(u - SHAPE_WINDOW_S)) / SHAPE_WINDOW_S
         while next_mark < len(marks) and T0 + marks[next_mark] <= t:
             pending.append(marks[next_mark])
             pending_u.append(marks[next_mark])
             next_mark += 1
         old.add_reading(t, value)
-        new.add_reading(t, value, breakpoints=[T0 + m for m in pending])
-        unaware.add_reading(t, value)  # no marks passed: the trapezoid / linear counter rule (as at 9bd5f86)
+        new.add_reading(t, value, breakpoints=[T0 + m for m in pending], shape_w=shape_w)
+        unaware.add_reading(t, value, shape_w=shape_w)  # no marks passed: the trapezoid / linear counter rule (as at 9bd5f86)
         for series, queue in ((new, pending), (unaware, pending_u)):
             while queue and series.covers(T0 + queue[0]):
                 m = queue.pop(0)
@@ -333,7 +346,7 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
         "resolution_delay_ms": {"unaware": stats(waits[id(unaware)]), "new": stats(waits[id(new)])},
         "figures_changed_after_resolution": changed,
     }
-    if sensor_kind == "counter":
+    if sensor_kind != "power":
         phase = new.phase
         result["counter_phase"] = {
             "true_s": COUNTER_PHASE_S,
@@ -400,10 +413,10 @@ def pct(x: float) -> str:
 
 
 def format_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]] | None = None) -> str:
-    head = (f"{'trace':<24} {'sensor':<8} {'reads':<15} {'step':>5} {'steps/':>6} "
+    head = (f"{'trace':<24} {'sensor':<13} {'reads':<15} {'step':>5} {'steps/':>6} "
             f"{'step error %, old':>17} {'step err %, unaware':>19} {'step error %, new':>17} "
             f"{'epoch error % max':>24} {'bound (new)':>17} {'resolves, ms':>13}")
-    head2 = (f"{'':<24} {'':<8} {'':<15} {'ms':>5} {'interv':>6} "
+    head2 = (f"{'':<24} {'':<13} {'':<15} {'ms':>5} {'interv':>6} "
              f"{'median    p95':>17} {'median    p95':>19} {'median    p95':>17} "
              f"{'old   unaware      new':>24} {'holds  step med %':>17} {'unaware  new':>13}")
     lines = [head, head2, "-" * len(head)]
@@ -413,7 +426,7 @@ def format_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]] | None = 
         b = r["bound_new"]
         du, dn = r["resolution_delay_ms"]["unaware"]["max"], r["resolution_delay_ms"]["new"]["max"]
         lines.append(
-            f"{r['trace']:<24} {r['sensor']:<8} {r['reads']:<15} {r['step_ms']:>5} "
+            f"{r['trace']:<24} {r['sensor']:<13} {r['reads']:<15} {r['step_ms']:>5} "
             f"{r['step_in_sampling_intervals']:>6.1f} "
             f"{pct(so['median'])}  {pct(so['p95'])}     {pct(su['median'])}  {pct(su['p95'])}   "
             f"{pct(sn['median'])}  {pct(sn['p95'])}   "
@@ -443,11 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     for i, case in enumerate(CASES):
-        for sensor_kind in ("power", "counter"):
+        for sensor_kind in ("power", "counter", "counter+power"):
             rows.append(run_case(case, sensor_kind, args.epochs, args.seed + i, grid=False))
     for i, case in enumerate(CASES):  # the counter read on an exact 50 ms grid: the phase never narrows
         if not case.name.startswith("constant") and case.step_s >= 0.1:
-            rows.append(run_case(case, "counter", args.epochs, args.seed + i, grid=True))
+            for sensor_kind in ("counter", "counter+power"):
+                rows.append(run_case(case, sensor_kind, args.epochs, args.seed + i, grid=True))
     goals = goals_for(rows)
     ddp = None if args.no_ddp else [run_ddp_case("val"), run_ddp_case("noval")]
     if ddp is not None:

@@ -206,6 +206,61 @@ class CounterPhase:
         return self.half_width_s + self.tolerance_s
 
 
+SHAPE_WINDOWS_KEPT = 8  # power-reading windows kept (the rule looks at three counter periods)
+SHAPE_PRIOR_WEIGHT = 0.05  # pull of each segment's power towards its counter period's mean (W per W)
+
+
+def shape_window_s(sensor: Sensor) -> float | None:
+    """Window (s) over which a counter sensor's power reading averages, ending at the counter's update.
+
+    A sensor opts in with the attribute ``shape_window_s`` (and ``shape_power_field``, the key of
+    :meth:`Sensor.read_fields` holding that power in W, which the sampler passes with each reading):
+    NVML's instant power on A100/H100 is the mean over the ~25 ms the power sensor observes in each
+    100 ms counter period. None for other sensors.
+    """
+    window = getattr(sensor, "shape_window_s", None)
+    if window is None or getattr(sensor, "counter_update_period_s", None) is None:
+        return None
+    window = float(window)
+    return window if window >= 0.0 else None
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def segment_powers(bounds: list[float], periods: list[tuple[float, float, float]],
+                   windows: list[tuple[float, float, float]]) -> list[float]:
+    """Power (W) of each segment between consecutive ``bounds`` (the marks), constant in each, that best
+    fits the counter periods ``(start, end, exact J)`` and the power windows ``(start, end, mean W)``.
+
+    Least squares over: each period's mean power (exact), each window's mean power, and a weak pull of
+    every segment towards the mean of the period holding its middle (:data:`SHAPE_PRIOR_WEIGHT`), which
+    settles segments that no reading separates. Clipped at 0 W.
+    """
+    import numpy as np
+
+    n = len(bounds) - 1
+    rows, rhs = [], []
+    for a, b, energy in periods:
+        rows.append([_overlap(bounds[k], bounds[k + 1], a, b) / (b - a) for k in range(n)])
+        rhs.append(energy / (b - a))
+    for a, b, watts in windows:
+        if b > a:
+            rows.append([_overlap(bounds[k], bounds[k + 1], a, b) / (b - a) for k in range(n)])
+        else:  # an instantaneous reading: the power of the segment it falls in
+            k = min(max(bisect.bisect_right(bounds, a) - 1, 0), n - 1)
+            rows.append([1.0 if j == k else 0.0 for j in range(n)])
+        rhs.append(watts)
+    for k in range(n):
+        mid = (bounds[k] + bounds[k + 1]) / 2.0
+        mean = next((e / (b - a) for a, b, e in periods if a <= mid <= b), rhs[0])
+        rows.append([SHAPE_PRIOR_WEIGHT if j == k else 0.0 for j in range(n)])
+        rhs.append(SHAPE_PRIOR_WEIGHT * mean)
+    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(rhs), rcond=None)[0]
+    return [max(float(p), 0.0) for p in solution]
+
+
 def ramp_weight(previous: tuple[float, float, bool] | None, t0: float, p0: float, dt: float, dp: float) -> float:
     """How far (0..1) a power change ``dp`` over ``(t0, t0 + dt)`` moves from mid-interval to its marks.
 
@@ -277,6 +332,9 @@ class SensorSeries:
         # the last period waits for the next point (its marks' figures are not final yet)
         self._breaks: list[float] = []
         self._waiting = False
+        # counters with a shape reading (see "Counters with a power reading"): (start s, end s, W) of the
+        # windows the power readings averaged, one per counter update, the latest last
+        self._windows: deque[tuple[float, float, float]] = deque(maxlen=SHAPE_WINDOWS_KEPT)
         self._previous: tuple[float, float, bool] | None = None  # power: (t, P) read before the last, marked
 
     def read_recently(self, t: float) -> bool:
@@ -316,13 +374,17 @@ class SensorSeries:
         self._over.append(over)
         self._under.append(under)
 
-    def add_reading(self, t: float, value: float, breakpoints=()) -> None:
+    def add_reading(self, t: float, value: float, breakpoints=(), shape_w: float | None = None) -> None:
         """Add one reading taken at time ``t``: joules for counters, watts for power sensors.
 
         ``breakpoints``: times (s, any order) of the marks not resolved yet, up to ``t``: where the work,
         hence the power, may change (see the module's boundary rule). Marks already passed on are
         harmless; a mark left out (a device mark whose time is not known yet) leaves its interval to
         the midpoint (power) or linear (counter) rule.
+
+        ``shape_w``: for a counter whose sensor has ``shape_window_s`` (see :func:`shape_window_s`), the
+        power (W) read along with the counter: the mean over the ``shape_window_s`` before the counter's
+        latest update. Used only when this reading saw the counter move; ignored otherwise.
         """
         previous_read_t, self._last_read_t = self._last_read_t, t
         self.trace_energy_J = math.nan
@@ -364,6 +426,9 @@ class SensorSeries:
             return
         dt = u - self.times[-1]
         self.power_w = (value - self.energies[-1]) / dt if dt > 0 else self.power_w
+        window = shape_window_s(self.sensor)
+        if window is not None and value != self.energies[-1] and shape_w is not None and math.isfinite(shape_w):
+            self._windows.append((u - window, u, max(float(shape_w), 0.0)))
         self._append(u, value, early, late)
         self._counter_point_added()
         self.trace_energy_J = value
@@ -409,7 +474,8 @@ class SensorSeries:
     # --- counters: a step rebuilt inside a period that holds marks -------------------------------------
     def _note_breaks(self, breakpoints) -> None:
         """Remember the marks after the point that starts the oldest period the rule may still look at."""
-        floor = self.times[-3] if len(self.times) >= 3 else -math.inf
+        real = self._real_indices(3)
+        floor = self.times[real[0]] if len(real) >= 3 else -math.inf
         known = self._breaks
         if known and known[0] <= floor:
             del known[:bisect.bisect_right(known, floor)]
@@ -427,12 +493,65 @@ class SensorSeries:
         """A counter point was appended: settle the period that waited for it, then see whether the new
         last period must wait (it holds marks and the period before it holds none)."""
         times = self.times
+        shaped = shape_window_s(self.sensor) is not None
         if self._waiting:
             self._waiting = False
-            self._rebuild_step(len(times) - 3)
+            if not (shaped and self._rebuild_shaped(len(times) - 3)):
+                self._rebuild_step(len(times) - 3)
         n = len(times)
-        if n >= 3 and self._marks_inside(times[-2], times[-1]) and not self._marks_inside(times[-3], times[-2]):
+        if n >= 3 and self._marks_inside(times[-2], times[-1]) and (
+                shaped or not self._marks_inside(times[-3], times[-2])):
             self._waiting = True
+
+    def _real_indices(self, count: int) -> list[int]:
+        """Indices of the last ``count`` points that are counter updates (not rebuilt steps), oldest first."""
+        out: list[int] = []
+        j = len(self.times) - 1
+        while j >= 0 and len(out) < count:
+            if self.update_early[j] != -math.inf:
+                out.append(j)
+            j -= 1
+        return out[::-1]
+
+    def _rebuild_shaped(self, i: int) -> bool:
+        """Share out the counter period ``(times[i], times[i+1])``, which holds marks, by the power
+        readings' windows (see "Counters with a power reading" in the module docstring). False when the
+        readings cannot say (no window near, too many marks): the neighbour rule then applies."""
+        times, energies = self.times, self.energies
+        if i < 0 or i + 2 >= len(times):
+            return False
+        before = [j for j in range(i - 1, -1, -1) if self.update_early[j] != -math.inf][:1]
+        real = before + [i, i + 1, i + 2]
+        lo, hi = times[real[0]], times[real[-1]]
+        u0, u1 = times[i], times[i + 1]
+        marks = self._marks_inside(lo, hi)
+        inside = self._marks_inside(u0, u1)
+        if not inside:
+            return False
+        periods = [(times[a], times[b], energies[b] - energies[a]) for a, b in zip(real, real[1:])]
+        if any(not b > a for a, b, _ in periods):
+            return False
+        windows = [w for w in self._windows if w[0] >= lo - 1e-9 and w[1] <= hi + 1e-9]
+        if not windows or len(marks) + 1 > len(periods) + len(windows):
+            return False  # more segments than readings: they cannot tell the segments apart
+        powers = segment_powers([lo, *marks, hi], periods, windows)
+        cuts = [u0, *inside, u1]
+        pieces = [powers[bisect.bisect_right(marks, (a + b) / 2.0)] * (b - a) for a, b in zip(cuts, cuts[1:])]
+        estimate, exact = sum(pieces), energies[i + 1] - energies[i]
+        if not estimate > 0.0 or not exact >= 0.0:
+            return False
+        scale = exact / estimate  # the counter's energy of the period is kept: its exact figure
+        at, energy = i + 1, energies[i]
+        for t, piece in zip(inside, pieces):
+            energy = min(energy + piece * scale, energies[i + 1])
+            times.insert(at, t)
+            energies.insert(at, energy)
+            self.update_early.insert(at, -math.inf)  # no reading: never a bracket of the true energy
+            self.update_late.insert(at, math.inf)
+            self._over.insert(at, 0.0)
+            self._under.insert(at, 0.0)
+            at += 1
+        return True
 
     def _rebuild_step(self, i: int) -> None:
         """Rebuild the power step inside the period ``(times[i], times[i+1])`` (see the module docstring)."""
