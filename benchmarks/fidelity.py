@@ -326,8 +326,12 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
         bound = bound_between(figures[a][1], figures[b][1])  # the edges as recorded at resolution
         held += error <= bound + 1e-9
         bound_pct.append(bound / exact * 100.0)
-    epoch_bound = [bound_between(figures[a][1], figures[b][1]) / (trace.energy(b) - trace.energy(a)) * 100.0
-                   for a, b in epoch_windows]
+    epoch_bound, epoch_held = [], 0
+    for a, b in epoch_windows:
+        exact = trace.energy(b) - trace.energy(a)
+        bound = bound_between(figures[a][1], figures[b][1])
+        epoch_held += abs(figures[b][0] - figures[a][0] - exact) <= bound + 1e-9
+        epoch_bound.append(bound / exact * 100.0)
     result = {
         "trace": case.name,
         "sensor": sensor_kind,
@@ -342,7 +346,7 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
         "epoch_error_pct": {"old": stats(errors(old, epoch_windows)),
                             "unaware": stats(errors(unaware, epoch_windows)), "new": stats(errors(new, epoch_windows))},
         "bound_new": {"step_holds_share": held / len(step_windows), "step_bound_pct": stats(bound_pct),
-                      "epoch_bound_pct": stats(epoch_bound)},
+                      "epoch_holds_share": epoch_held / len(epoch_windows), "epoch_bound_pct": stats(epoch_bound)},
         "resolution_delay_ms": {"unaware": stats(waits[id(unaware)]), "new": stats(waits[id(new)])},
         "figures_changed_after_resolution": changed,
     }
@@ -415,10 +419,10 @@ def pct(x: float) -> str:
 def format_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]] | None = None) -> str:
     head = (f"{'trace':<24} {'sensor':<13} {'reads':<15} {'step':>5} {'steps/':>6} "
             f"{'step error %, old':>17} {'step err %, unaware':>19} {'step error %, new':>17} "
-            f"{'epoch error % max':>24} {'bound (new)':>17} {'resolves, ms':>13}")
+            f"{'epoch error % max':>24} {'bound (new)':>23} {'resolves, ms':>13}")
     head2 = (f"{'':<24} {'':<13} {'':<15} {'ms':>5} {'interv':>6} "
              f"{'median    p95':>17} {'median    p95':>19} {'median    p95':>17} "
-             f"{'old   unaware      new':>24} {'holds  step med %':>17} {'unaware  new':>13}")
+             f"{'old   unaware      new':>24} {'holds step/ep med %':>23} {'unaware  new':>13}")
     lines = [head, head2, "-" * len(head)]
     for r in rows:
         so, su, sn = (r["step_error_pct"][k] for k in ("old", "unaware", "new"))
@@ -431,7 +435,8 @@ def format_table(rows: list[dict[str, Any]], ddp: list[dict[str, Any]] | None = 
             f"{pct(so['median'])}  {pct(so['p95'])}     {pct(su['median'])}  {pct(su['p95'])}   "
             f"{pct(sn['median'])}  {pct(sn['p95'])}   "
             f"{pct(eo)}   {pct(eu)}   {pct(en)}   "
-            f"{b['step_holds_share'] * 100:5.0f}%  {pct(b['step_bound_pct']['median'])}   "
+            f"{b['step_holds_share'] * 100:5.0f}%/{b['epoch_holds_share'] * 100:4.0f}%  "
+            f"{pct(b['step_bound_pct']['median'])}   "
             f"{du:5.0f}  {dn:5.0f}")
     lines.append("")
     for case in ddp or ():

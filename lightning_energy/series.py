@@ -336,6 +336,7 @@ class SensorSeries:
         # windows the power readings averaged, one per counter update, the latest last
         self._windows: deque[tuple[float, float, float]] = deque(maxlen=SHAPE_WINDOWS_KEPT)
         self._previous: tuple[float, float, bool] | None = None  # power: (t, P) read before the last, marked
+        self._power_range = (math.inf, -math.inf)  # power sensors: the lowest and highest reading so far, W
 
     def read_recently(self, t: float) -> bool:
         """True if the sensor asks for fewer reads and its last one is younger than that interval."""
@@ -436,6 +437,8 @@ class SensorSeries:
     # --- power sensors: zero-order hold, the change at the marks (mid-interval without one, or on a ramp) ---
     def _add_power(self, t: float, value: float, breakpoints) -> None:
         previous, self._previous = self._previous, None
+        low, high = self._power_range
+        self._power_range = (min(low, value), max(high, value))
         if not self.times:
             self._append(t, 0.0, t, t)
             self.power_w = value
@@ -445,8 +448,17 @@ class SensorSeries:
         t0, e0, p0 = self.times[-1], self.energies[-1], self.power_w
         over, under = self._over[-1], self._under[-1]
         dt, dp = t - t0, value - p0
-        inside = sorted(b for b in breakpoints if t0 < b < t) if dp != 0.0 and dt > 0 else []
-        weight = ramp_weight(previous, t0, p0, dt, dp) if inside else 0.0
+        inside = sorted(b for b in breakpoints if t0 < b < t) if dt > 0 else []
+        if dp == 0.0 and len(inside) >= 2:
+            # equal readings around several marks: the power held, or changed and came back unseen
+            # between the first mark and the last (steps shorter than the sampling interval)
+            b1, bl = inside[0], inside[-1]
+            self._append(b1, e0 + p0 * (b1 - t0), b1, b1, over, under)
+            over += (self._power_range[1] - p0) * (bl - b1)
+            under += (p0 - self._power_range[0]) * (bl - b1)
+            self._append(bl, e0 + p0 * (bl - t0), bl, bl, over, under)
+            inside = []
+        weight = ramp_weight(previous, t0, p0, dt, dp) if inside and dp != 0.0 else 0.0
         if weight > 0.0:
             # the change at the marks (pulled towards mid-interval on a ramp): P0 until the first, P1 from
             # the last, their mean in between; truth - figure stays within [min(0, ±dp), max(0, ±dp)] where
@@ -458,8 +470,12 @@ class SensorSeries:
             over, under = over + max(dp, 0.0) * (c1 - t0), under + max(-dp, 0.0) * (c1 - t0)
             self._append(c1, e1, c1, c1, over, under)
             if cl > c1:
-                e1 += (p0 + value) / 2.0 * (cl - c1)
-                over, under = over + abs(dp) / 2.0 * (cl - c1), under + abs(dp) / 2.0 * (cl - c1)
+                # several marks: the power between the first and the last may have changed at each of
+                # them, unseen by the readings: the truth there lies within the range of powers read so far
+                mean = (p0 + value) / 2.0
+                e1 += mean * (cl - c1)
+                over += max(self._power_range[1] - mean, abs(dp) / 2.0) * (cl - c1)
+                under += max(mean - self._power_range[0], abs(dp) / 2.0) * (cl - c1)
                 self._append(cl, e1, cl, cl, over, under)
             energy = e1 + value * (t - cl)
             over, under = over + max(-dp, 0.0) * (t - cl), under + max(dp, 0.0) * (t - cl)

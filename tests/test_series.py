@@ -784,3 +784,29 @@ def test_a_shaped_counter_with_more_segments_than_readings_stays_linear():
         plain.add_reading(t, counter.read(t), breakpoints=list(pending))
     for m in marks[:100]:
         assert got[m] == pytest.approx(plain.energy_at(m), abs=1e-9)
+
+
+def test_power_bounds_hold_for_steps_shorter_than_the_sampling_interval():
+    """20 ms steps alternating 50/150 W read every ~50 ms: two equal readings (50 W, 50 W) may enclose
+    unseen 150 W steps. The figure cannot know (sampling), but its bound must say so: the stretch between
+    the first and the last mark of such an interval is bounded by the range of powers read so far."""
+    rng = random.Random(5)
+    rel_marks = [0.0137 + k * 0.02 for k in range(300)]
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    series = SensorSeries(PowerSensor())
+    resolved, pending, upcoming, t = {}, [], list(marks), T0
+    while t < T0 + 6.2:
+        while upcoming and upcoming[0] <= t:
+            pending.append(upcoming.pop(0))
+        series.add_reading(t, trace.power(t), breakpoints=list(pending))
+        while pending and series.covers(pending[0]):
+            m = pending.pop(0)
+            resolved[m] = (series.energy_at(m), series.edge_bound(m))
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    edges = [m for m in marks if m > T0 + 0.5 and m in resolved]
+    missed = 0
+    for a, b in list(zip(edges, edges[1:])) + [(edges[0], edges[-1])]:
+        error = abs(resolved[b][0] - resolved[a][0] - (trace.energy(b) - trace.energy(a)))
+        missed += error > series_module.bound_between(resolved[a][1], resolved[b][1]) + 1e-9
+    assert missed == 0
