@@ -308,7 +308,9 @@ class Sampler:
             for series, value, fields, error in values:
                 if error is None:
                     try:
-                        series.add_reading(t, value, breakpoints.get(series.name, ()))
+                        shape = getattr(series.sensor, "shape_power_field", None)  # counter + power reading
+                        series.add_reading(t, value, breakpoints.get(series.name, ()),
+                                           shape_w=fields.get(shape) if shape is not None else None)
                         series.fields = fields
                     except Exception as err:  # a non-finite value, a counter going backwards, ...
                         error = f"{type(err).__name__}: {err}"
