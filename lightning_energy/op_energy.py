@@ -595,7 +595,7 @@ def counter_events(samples: list[tuple[float, dict]], curve: EnergyCurve, offset
     for name, (times, energies) in curve.points.items():
         track_pid, offset = placement.get(name, (pid, offset_us))
 
-        def ts(t: float) -> float:
+        def ts(t: float, offset: float = offset) -> float:
             return round(t * 1e6 + offset, 3)
 
         power_points = [(t, values[name][1]) for t, values in samples
