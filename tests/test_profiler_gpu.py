@@ -14,37 +14,17 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
-from torch import nn
 
 from conftest import trainer_kwargs
 from lightning_energy import EnergyCallback
 from lightning_energy.callbacks.profiler import EnergyProfiler
 from lightning_energy.op_energy import DEVICE, DEVICE_IDLE_ROW, HOST, device_of
+from test_gpu import MatmulModel, loader  # large products: each step keeps the GPU busy for milliseconds
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-class MatmulModel(L.LightningModule):
-    """Large products: each step keeps the GPU busy for milliseconds."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096))
-
-    def training_step(self, batch, batch_idx):
-        (x,) = batch
-        return self.net(x).square().mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-4)
-
-
-def loader():
-    x = torch.randn(256 * 20, 4096)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=256)
 
 
 def test_gpu_trace_has_power_tracks_beside_the_kernels_and_device_energy_on_them(tmp_path):
