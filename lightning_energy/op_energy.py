@@ -21,8 +21,9 @@ the exact-sum rule below holds regardless.
 Attribution rule (documented contract of :func:`attribute_energy`):
 
 1. Operators are the complete events (``"ph": "X"``) of the trace except profiler bookkeeping
-   (``ProfilerStep#N``, the sync markers, the ``Trace`` span), Python frames (``python_function``)
-   and GPU-side events that are not work (``gpu_user_annotation``, ``cuda_sync``). Every (pid, tid) is
+   (``ProfilerStep#N``, the sync markers, the ``Trace`` span, CUPTI's ``overhead`` events), Python
+   frames (``python_function``) and GPU-side events that are not work (``gpu_user_annotation``,
+   ``cuda_sync``). Every (pid, tid) is
    one track. Host tracks are CPU threads (every op that is not device work, CUDA runtime calls
    included); device tracks are the streams of one GPU, holding its kernels, copies and memsets
    (``cat`` ``kernel``/``gpu_memcpy``/``gpu_memset``; the GPU is ``args.device``, else ``pid``).
@@ -80,7 +81,8 @@ HOST, DEVICE = "host", "device"  # the kinds of track
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # work on a GPU stream
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})  # host calls that launch device work
 FLOW_CATEGORY = "ac2g"  # Kineto's flow from a launch (ph "s") to the kernel (ph "f")
-EXCLUDED_CATEGORIES = frozenset({"Trace", "python_function", "gpu_user_annotation", "cuda_sync"})
+# not ops: the trace's span, Python frames, GPU-side copies of annotations, GPU waits, the profiler's own overhead
+EXCLUDED_CATEGORIES = frozenset({"Trace", "python_function", "gpu_user_annotation", "cuda_sync", "overhead"})
 MAX_WINDOW_POINTS = 200_000  # per profiled window (about an hour at 50 Hz); later samples are dropped
 # ------------------------------------------------------------------------------------------- samples
 class WindowRecorder:

@@ -15,7 +15,7 @@ thread 4250 (autograd): aten::mul [3, 4.5] (beside a Python frame [2.9, 4.6], no
 GPU 0 (trace ts = perf x 1e6 + D, D = H + 0.5 s): stream 7: add kernel [0.24, 0.26] (100), sgemm
     [2.6, 4.6] (101), xmma gemm [5.5, 6] (102), Context Sync [6, 7] (a wait, not work), memcpy [8, 8.5]
     (no link); stream 13: splitKreduce [5.8, 6.5] (flow 103 only), reduce [7, 7.5] (External id 10 only)
-GPU 1: a kernel [3, 4] -- another rank's device: nothing.
+GPU 1: a kernel [3, 4] -- another rank's device: nothing. CUPTI overhead (pid -1) [3.2, 3.3]: not an op.
 
 Sensors: ``gpu`` (device) 100 W until 5 s then 300 W; ``rapl`` (host) 20 W; ``cpu_estimate`` (host,
 an estimate) 10 W.

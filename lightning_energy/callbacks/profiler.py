@@ -207,6 +207,7 @@ class EnergyProfiler(MeteredCallback):
         super().on_exception(trainer, pl_module, exception)
 
     def _release(self) -> None:
+        self._device_probe = None
         if self._profiler is not None:
             profiler, self._profiler = self._profiler, None
             profiler.stop()
