@@ -198,7 +198,7 @@ def clock_offset_us(events: list[dict], syncs: list[tuple[float, float]], base_n
     """
     markers = sorted((e for e in events if e.get("ph") == "X" and e.get("name") == SYNC_MARKER),
                      key=lambda e: float(e["ts"]))
-    intervals = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in markers]
+    intervals = [_span(e) for e in markers]
     if intervals and syncs:
         return bounded_offset_us(intervals, syncs)
     if base_ns is None or unix_minus_perf_s is None:
@@ -216,8 +216,7 @@ def device_clock_offset_us(events: list[dict], syncs: list[tuple[float, float]],
     launches = Launches(events)
     markers = sorted((e for e in events if e.get("ph") == "X" and e.get("name") == DEVICE_SYNC_MARKER),
                      key=lambda e: float(e["ts"]))
-    ranges = [((e.get("pid"), e.get("tid")), float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
-              for e in markers]
+    ranges = [((e.get("pid"), e.get("tid")), *_span(e)) for e in markers]
     found: dict[int, list[tuple[float, float]]] = {}
     for e in events:
         if e.get("ph") != "X" or device_of(e) != device:
@@ -228,7 +227,7 @@ def device_clock_offset_us(events: list[dict], syncs: list[tuple[float, float]],
         track, t = launch
         for i, (marker_track, start, end) in enumerate(ranges):
             if track == marker_track and start <= t <= end:
-                found.setdefault(i, []).append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+                found.setdefault(i, []).append(_span(e))
     pairs = [((min(a for a, _ in kernels), max(b for _, b in kernels)), syncs[i])
              for i, kernels in sorted(found.items()) if i < len(syncs)]
     return bounded_offset_us([p[0] for p in pairs], [p[1] for p in pairs])
@@ -269,20 +268,20 @@ class Launches:
         self._by_external: dict[Any, int] = {}
         ops: dict[tuple, list[tuple[float, float, int]]] = {}
         for i, e in enumerate(events):
-            ph, cat, track = e.get("ph"), e.get("cat"), (e.get("pid"), e.get("tid"))
+            ph, cat, track, args = e.get("ph"), e.get("cat"), (e.get("pid"), e.get("tid")), _args(e)
             try:
                 if ph == "X" and cat in LAUNCH_CATEGORIES:
                     start, end = _span(e)
-                    if "correlation" in _args(e):
-                        self._by_correlation[_args(e)["correlation"]] = (track, (start + end) / 2)
+                    if "correlation" in args:
+                        self._by_correlation[args["correlation"]] = (track, (start + end) / 2)
                 elif ph == "s" and cat == FLOW_CATEGORY:
                     self._by_flow[e.get("id")] = (track, float(e["ts"]))
                 elif ph == "f" and cat == FLOW_CATEGORY:
                     self._flow_ends[(*track, float(e["ts"]))] = e.get("id")
                 elif is_attributed(e) and cat not in DEVICE_CATEGORIES:
                     ops.setdefault(track, []).append((*_span(e), i))
-                    if "External id" in _args(e):
-                        self._by_external.setdefault(_args(e)["External id"], i)
+                    if "External id" in args:
+                        self._by_external.setdefault(args["External id"], i)
             except (KeyError, TypeError, ValueError):
                 continue  # an event without a usable time links nothing
         self._segments = {track: self_segments(track_ops) for track, track_ops in ops.items()}
@@ -516,7 +515,10 @@ def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float, e
     rows: dict[tuple[str, str], OpEnergy] = {}
 
     def row(kind: str, name: str) -> OpEnergy:
-        return rows.setdefault((kind, name), OpEnergy(name, 0, 0.0, 0.0, 0.0, kind))
+        found = rows.get((kind, name))
+        if found is None:
+            found = rows[(kind, name)] = OpEnergy(name, 0, 0.0, 0.0, 0.0, kind)
+        return found
 
     for i, e in enumerate(events):
         if not is_attributed(e):
@@ -542,13 +544,14 @@ def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float, e
         curves = {name: curve.points[name] for name, k in sensor_track.items() if k == kind}
         split = _split(tracks[kind], ws, we, curves)
         idle_s[kind] = split.idle_s
+        per_sensor = [(name, joules.tolist()) for name, joules in split.segment_J.items()]
         for k, (a, b, i) in enumerate(split.segments):
             r = row(kind, str(events[i]["name"]))
             r.self_time_s += b - a
-            for name, joules in split.segment_J.items():
-                r.by_sensor[name] = r.by_sensor.get(name, 0.0) + float(joules[k])
+            for name, joules in per_sensor:
+                r.by_sensor[name] = r.by_sensor.get(name, 0.0) + joules[k]
                 if kind == DEVICE:
-                    device_event_J[i] = device_event_J.get(i, 0.0) + float(joules[k])
+                    device_event_J[i] = device_event_J.get(i, 0.0) + joules[k]
         idle = row(kind, IDLE_ROW if kind == HOST else DEVICE_IDLE_ROW)
         idle.self_time_s = split.idle_s
         idle.by_sensor = dict(split.idle_J)

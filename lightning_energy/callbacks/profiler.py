@@ -112,7 +112,8 @@ class EnergyProfiler(MeteredCallback):
         wait, warmup, active, repeat, skip_first: the ``torch.profiler.schedule`` in training steps
             (``warmup >= 1``: the first recorded step is skewed without it; ``active >= 1``).
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
-        activities: ``"cpu"``/``"cuda"`` to record; default CPU, plus CUDA when training on a GPU.
+        activities: ``"cpu"``/``"cuda"`` to record; default CPU, plus CUDA when training on a GPU. Without
+            ``"cuda"`` the trace holds no kernels, so device sensors are split among the CPU threads too.
         sensors: sensors to read instead of those of an ``EnergyCallback`` or the auto-detected ones.
         interval_s: sampling interval requested from the shared sampler (s, >= 0.001).
         use_gzip: write ``.pt.trace.json.gz``.
