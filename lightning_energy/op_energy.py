@@ -396,20 +396,24 @@ class Attribution:
                          for name in sensors) or "no sensor"
 
     def markdown(self, top: int = 25) -> str:
-        """A Markdown table of the ``top`` ops by energy, the idle rows, the window, and what each column holds."""
-        ops = [r for r in self.rows if r.op not in IDLE_ROWS]
-        idle = [r for r in self.rows if r.op in IDLE_ROWS]
+        """A Markdown table: per kind of track, the ``top`` ops (host ops by their energy plus that of the
+        kernels they launched, kernels by energy), the rest summed, the idle row; the window; notes saying
+        which sensors each column holds and which are estimates."""
         lines = ["| op | track | calls | time (ms) | energy (mJ) | share of step energy | launched kernels (mJ) |",
                  "|---|---|---|---|---|---|---|"]
-        for r in ops[:top] + idle:
-            launched = f"{r.launched_J * 1e3:.3f}" if self._launches_shown(r) else ""
-            lines.append(f"| {r.op} | {r.track} | {r.calls} | {r.self_time_s * 1e3:.3f} | {r.energy_J * 1e3:.3f} | "
-                         f"{r.share:.1%} | {launched} |")
-        if len(ops) > top:
-            rest = ops[top:]
-            lines.append(f"| ({len(rest)} more ops) | | {sum(r.calls for r in rest)} | "
-                         f"{sum(r.self_time_s for r in rest) * 1e3:.3f} | {sum(r.energy_J for r in rest) * 1e3:.3f} | "
-                         f"{sum(r.share for r in rest):.1%} | |")
+        for track, idle_row in ((HOST, IDLE_ROW), (DEVICE, DEVICE_IDLE_ROW)):
+            ops = sorted((r for r in self.rows if r.track == track and r.op != idle_row),
+                         key=lambda r: -(r.energy_J + r.launched_J))
+            shown = ops[:top]
+            if len(ops) > top:
+                rest = ops[top:]
+                shown.append(OpEnergy(f"({len(rest)} more ops)", sum(r.calls for r in rest),
+                                      sum(r.self_time_s for r in rest), sum(r.energy_J for r in rest),
+                                      sum(r.share for r in rest), track, launched_J=sum(r.launched_J for r in rest)))
+            for r in shown + [r for r in self.rows if r.op == idle_row]:
+                launched = f"{r.launched_J * 1e3:.3f}" if self._launches_shown(r) else ""
+                lines.append(f"| {r.op} | {r.track} | {r.calls} | {r.self_time_s * 1e3:.3f} | "
+                             f"{r.energy_J * 1e3:.3f} | {r.share:.1%} | {launched} |")
         lines.append(f"| **window** | | | {self.window_s * 1e3:.3f} | {self.window_J * 1e3:.3f} | 100.0% | |")
         notes = [f"host rows: energy of {self._describe(self.track_sensors(HOST))}, split among CPU threads"]
         device_sensors = self.track_sensors(DEVICE)

@@ -160,6 +160,13 @@ def test_csv_and_table_say_which_sensors_each_figure_includes():
     assert [r["op"] for r in table[-2:]] == [IDLE_ROW, DEVICE_IDLE_ROW]
     assert sum(float(r["energy_J"]) for r in table) == pytest.approx(2300.0, rel=1e-6)
     text = a.markdown()
+    short = a.markdown(top=2).splitlines()
+    # host ops ranked by their energy plus their kernels': aten::mm (24 + 300 J) first, then aten::addmm
+    assert [line.split(" | ")[0] for line in short[2:6]] == ["| aten::mm", "| aten::addmm", "| (5 more ops)",
+                                                             f"| {IDLE_ROW}"]
+    assert short[2].endswith("| 300000.000 |") and short[4].endswith("| 152000.000 |")  # 150 + 2 J launched
+    assert [line.split(" | ")[0] for line in short[6:10]] == [f"| {SGEMM}", f"| {SPLITK}", "| (4 more ops)",
+                                                              f"| {DEVICE_IDLE_ROW}"]
     assert "host rows: energy of cpu_estimate (ESTIMATE), rapl (measured), split among CPU threads" in text
     assert "device rows: energy of gpu (measured)" in text
     assert "kernels whose launch is not in the trace: 150000.000 mJ" in text

@@ -65,6 +65,9 @@ def test_trace_gets_power_counters_inside_the_profiled_window(tmp_path):
     assert energy_track[-1]["args"]["J"] == pytest.approx(HOST_W * window.window_s, rel=1e-9)
     assert 0 <= meta["clock_uncertainty_us"] < 1000  # the sync markers pin the offset well under a millisecond
     assert meta["estimated"] is False and meta["estimated_sensors"] == []
+    # a CPU run: no GPU tracks, so the device sensor is split among the CPU threads with the host sensor
+    assert meta["device"] is None and meta["device_clock_offset_us"] is None
+    assert meta["sensor_tracks"] == {"device": "host", "host": "host"} and meta["unlinked_device_J"] == 0.0
     assert window.window_J == pytest.approx((DEVICE_W + HOST_W) * window.window_s, rel=1e-9)
 
 
