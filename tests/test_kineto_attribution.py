@@ -181,3 +181,13 @@ def test_device_sensors_counter_tracks_sit_beside_the_kernels():
     assert {e["pid"] for e in gpu} == {0} and gpu[0]["ts"] == pytest.approx(D + 2.5e6)
     rapl = [e for e in tracks if e["name"] == "power rapl (W)"]
     assert {e["pid"] for e in rapl} == {4242} and rapl[0]["ts"] == pytest.approx(H + 2.5e6)
+
+
+def test_the_fixture_passes_torchs_own_trace_validator():
+    from torch.profiler._trace_validator import validate_trace  # rules torch checks its exported traces with
+
+    passed, violations = validate_trace(str(FIXTURE))
+    assert passed and violations == []
+    kinds = {(e.get("ph"), e.get("cat")) for e in events()}
+    assert {("X", "kernel"), ("X", "gpu_memcpy"), ("X", "cpu_op"), ("X", "cuda_runtime"), ("s", "ac2g"),
+            ("f", "ac2g")} <= kinds
