@@ -1,52 +1,56 @@
 """Peak FLOP/s of the device a run uses, for model FLOPs utilisation (MFU).
 
-GPU figures are NVIDIA's datasheet peaks WITHOUT structured sparsity (datasheets quote tensor-core
-figures "with sparsity", twice the dense rate; the table holds the dense half), in TFLOP/s:
+GPU peaks come from Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``:
+NVIDIA datasheet figures for Hopper, Ada, Ampere, Turing and Volta parts, per precision, TF32 as
+``"tfloat32"``), except where that table or its name parser is known to be wrong, checked first
+(:data:`CORRECTIONS`; Lightning 2.6):
 
-===========  =====  =====  ======  ======  ======  ==========================================
-GPU          FP64   FP32   TF32    BF16    FP16    source (datasheet)
-===========  =====  =====  ======  ======  ======  ==========================================
-V100 SXM2    7.8    15.7   --      --      125     NVIDIA V100 Tensor Core GPU datasheet (2020)
-V100 PCIe    7.0    14.0   --      --      112     same
-T4           --     8.1    --      --      65      NVIDIA T4 datasheet (FP16 mixed precision)
-A100         9.7    19.5   156     312     312     NVIDIA A100 datasheet (SXM4 and PCIe alike)
-H100 SXM     34     67     494.5   989.5   989.5   NVIDIA H100 datasheet (SXM5)
-H100 PCIe    26     51     378     756     756     same (PCIe)
-H200         34     67     494.5   989.5   989.5   NVIDIA H200 datasheet (SXM)
-L4           --     30.3   60      121     121     NVIDIA L4 datasheet
-===========  =====  =====  ======  ======  ======  ==========================================
+- ``NVIDIA H200``: Lightning recognises only names holding ``sxm1``/``nvl1``, and its H200 tensor-core
+  rates are the datasheet's "with sparsity" figures (twice the dense rate, unlike its H100 entries).
+  Here the dense H200 SXM datasheet figures: FP64 34, FP32 67, TF32 494.5, BF16/FP16 989.5 TFLOP/s.
+- ``H100 NVL``, ``H200 NVL``: Lightning's H100 NVL entry holds the two-GPU pair's FP64/FP32 rates
+  (133.8 TFLOP/s FP32); measured instead.
+- ``L40``, ``L40S``: Lightning's parser reads any name holding ``l4`` as the L4 (30.3 TFLOP/s FP32 for
+  a 91.6 TFLOP/s card: MFU 3x too high); measured instead.
 
-FP64 is the non-tensor-core rate. TF32 applies to float32 matrix products when
-``torch.backends.cuda.matmul.allow_tf32`` is on or ``torch.get_float32_matmul_precision()`` is not
-``"highest"``. On a CPU, a GPU not in the table (H100 NVL, L40S, consumer cards) or a precision marked
-"--" (not on the datasheet, or no such tensor-core format), the peak is MEASURED: the best rate of a
-square matrix product (:data:`CPU_BENCH_SIZE`) with the current thread settings, cached per process.
+FP32 means IEEE float32 matrix products (``torch.get_float32_matmul_precision() == "highest"``); TF32
+applies when it is not (:func:`precision_of`). On a CPU, a GPU not in the table or a precision the
+table lacks (no BF16 on a T4), the peak is MEASURED: the best rate of a square matrix product, cached
+per process. On a GPU the product is large (:data:`GPU_BENCH_SIZE`, less where free memory is short:
+:func:`gpu_bench_size`) and timed with CUDA events over :data:`GPU_BENCH_INNER` back-to-back products,
+so launch overhead (microseconds) is negligible against its milliseconds; a 512 x 512 product would be
+launch-bound on an H100 and inflate MFU. On a CPU, :data:`CPU_BENCH_SIZE` timed with ``perf_counter``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 TFLOPS = 1e12
-# (regex searched in order in the lower-case device name, label, {precision: dense TFLOP/s} or None: measure)
-GPU_PEAKS_TFLOPS: list[tuple[str, str, dict[str, float] | None]] = [
-    (r"\bh100\b.*\bnvl\b", "H100 NVL", None),  # other clocks and limits: measured rather than mislabelled
-    (r"\bh100\b.*\bpcie\b", "H100 PCIe", {"fp64": 26.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    (r"\bh100\b", "H100 SXM", {"fp64": 34.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
-    (r"\bh200\b", "H200", {"fp64": 34.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5}),
-    (r"\ba100\b", "A100", {"fp64": 9.7, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    (r"\bv100\b.*\bpcie\b", "V100 PCIe", {"fp64": 7.0, "fp32": 14.0, "fp16": 112.0}),
-    (r"\bv100\b", "V100 SXM2", {"fp64": 7.8, "fp32": 15.7, "fp16": 125.0}),
-    (r"\bt4\b", "T4", {"fp32": 8.1, "fp16": 65.0}),
-    (r"\bl4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
-]
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16")
-CPU_BENCH_SIZE = 512  # n of the n x n matrix product (2 n^3 FLOPs; about 5 ms per product in float32 on one core)
+# Lightning's dtype keys: TF32 is the string "tfloat32"
+LIGHTNING_DTYPES: dict[str, torch.dtype | str] = {"fp64": torch.float64, "fp32": torch.float32, "tf32": "tfloat32",
+                                                 "bf16": torch.bfloat16, "fp16": torch.float16}
+# (regex searched in the lower-case device name, label, {precision: dense TFLOP/s} or None: measure, why)
+CORRECTIONS: list[tuple[str, str, dict[str, float] | None, str]] = [
+    (r"\b(h100|h200)\b.*\bnvl\b", "H100/H200 NVL", None, "Lightning's NVL entry holds the two-GPU pair's rates"),
+    (r"\bh200\b", "H200", {"fp64": 34.0, "fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5},
+     "NVIDIA H200 SXM datasheet, dense (Lightning misses the name and quotes sparse tensor rates)"),
+    (r"\bl40", "L40/L40S", None, "Lightning's parser reads L40 and L40S as the L4"),
+]
+CPU_BENCH_SIZE = 512  # n of the n x n matrix product on a CPU (2 n^3 FLOPs; about 5 ms in float32 on one core)
 CPU_BENCH_REPEATS = 5
+GPU_BENCH_SIZE = 8192  # 1.1 TFLOP per product: ~1.1 ms at 1 PFLOP/s, against launch overheads of ~5 us
+GPU_BENCH_MIN_SIZE = 1024
+GPU_BENCH_INNER = 10  # products between two CUDA events
+GPU_BENCH_REPEATS = 5
+GPU_BENCH_MEMORY_SHARE = 0.25  # of the free GPU memory the three matrices may take
 _TORCH_DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
                  "fp16": torch.float16}
 _measured: dict[tuple, float] = {}
@@ -81,62 +85,120 @@ def precision_of(trainer_precision: str | int | None, device_type: str = "cpu") 
     return "fp32"
 
 
-def gpu_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet peak for a GPU name such as 'NVIDIA A100-SXM4-80GB', or None if not in the table."""
+def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    name = device_name.lower()
-    for pattern, label, peaks in GPU_PEAKS_TFLOPS:
-        if re.search(pattern, name):
+
+
+def gpu_peak(device: str | torch.device, precision: str) -> Peak | None:
+    """The datasheet peak of the CUDA ``device`` at ``precision``: :data:`CORRECTIONS`, else Lightning's
+    ``get_available_flops``; None where neither knows it (then measure)."""
+    _check_precision(precision)
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device)
+    for pattern, label, peaks, why in CORRECTIONS:
+        if re.search(pattern, name.lower()):
             if peaks is None or precision not in peaks:
                 return None
-            return Peak(peaks[precision] * TFLOPS, precision, label, f"NVIDIA {label} datasheet, dense", False)
-    return None
+            return Peak(peaks[precision] * TFLOPS, precision, name, why, False)
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    # "highest" for fp32: Lightning swaps float32 for TF32 otherwise; its "FLOPs not found" warning: None says it
+    with warnings.catch_warnings(), _matmul_precision(precision):
+        warnings.simplefilter("ignore")
+        flops = get_available_flops(device, LIGHTNING_DTYPES[precision])
+    if not flops:
+        return None
+    return Peak(float(flops), precision, name, "Lightning's get_available_flops (NVIDIA datasheet)", False)
 
 
-def measured_peak(precision: str = "fp32", device: str | torch.device = "cpu", size: int = CPU_BENCH_SIZE,
-                  repeats: int = CPU_BENCH_REPEATS) -> float:
-    """Best FLOP/s of an n x n matrix product on ``device`` (cached per process, thread count and size)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+def gpu_bench_size(free_bytes: int, element_bytes: int, largest: int = GPU_BENCH_SIZE) -> int:
+    """n of the n x n GPU product: ``largest``, less where the three matrices would take more than
+    :data:`GPU_BENCH_MEMORY_SHARE` of ``free_bytes`` (a multiple of 256, at least :data:`GPU_BENCH_MIN_SIZE`)."""
+    fits = int((GPU_BENCH_MEMORY_SHARE * free_bytes / (3 * element_bytes)) ** 0.5) // 256 * 256
+    return max(GPU_BENCH_MIN_SIZE, min(largest, fits))
+
+
+@contextlib.contextmanager
+def _matmul_precision(precision: str):
+    """float32 products in TF32 for ``tf32``, in full float32 for ``fp32`` (restored afterwards)."""
+    before = torch.get_float32_matmul_precision()
+    if precision in ("fp32", "tf32"):
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def measured_peak(precision: str = "fp32", device: str | torch.device = "cpu", size: int | None = None,
+                  repeats: int | None = None) -> float:
+    """Best FLOP/s of an n x n matrix product on ``device`` (cached per process, device, thread count and size).
+
+    ``size`` defaults to :data:`CPU_BENCH_SIZE` on a CPU and :func:`gpu_bench_size` of the free memory on
+    a GPU, where the products are timed with CUDA events.
+    """
+    _check_precision(precision)
+    device = torch.device(device)
+    dtype = _TORCH_DTYPES[precision]
+    if size is None:
+        if device.type == "cuda":
+            size = gpu_bench_size(torch.cuda.mem_get_info(device)[0], torch.finfo(dtype).bits // 8)
+        else:
+            size = CPU_BENCH_SIZE
+    repeats = repeats if repeats is not None else (GPU_BENCH_REPEATS if device.type == "cuda" else CPU_BENCH_REPEATS)
     if size < 16 or repeats < 1:
         raise ValueError(f"need size >= 16 and repeats >= 1, got size={size}, repeats={repeats}")
-    device = torch.device(device)
     key = (precision, str(device), torch.get_num_threads(), size)
     if key in _measured:
         return _measured[key]
-    dtype = _TORCH_DTYPES[precision]
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
     b = torch.randn(size, size, generator=g).to(device=device, dtype=dtype)
-    best_s = float("inf")
-    with torch.no_grad():
-        torch.mm(a, b)  # warm-up
-        for _ in range(repeats):
-            _sync(device)
-            start = time.perf_counter()
-            torch.mm(a, b)
-            _sync(device)
-            best_s = min(best_s, time.perf_counter() - start)
+    with torch.no_grad(), _matmul_precision(precision):
+        best_s = _best_cuda_s(a, b, repeats) if device.type == "cuda" else _best_cpu_s(a, b, repeats)
     _measured[key] = 2.0 * size**3 / best_s
     return _measured[key]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _best_cpu_s(a: torch.Tensor, b: torch.Tensor, repeats: int) -> float:
+    torch.mm(a, b)  # warm-up
+    best_s = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best_s = min(best_s, time.perf_counter() - start)
+    return best_s
+
+
+def _best_cuda_s(a: torch.Tensor, b: torch.Tensor, repeats: int) -> float:
+    """Seconds per product: the best of ``repeats`` runs of :data:`GPU_BENCH_INNER` products between events."""
+    out = torch.mm(a, b)  # warm-up: cuBLAS picks its kernel, the clocks ramp up
+    torch.cuda.synchronize(a.device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best_s = float("inf")
+    for _ in range(repeats):
+        start.record()
+        for _ in range(GPU_BENCH_INNER):
+            torch.mm(a, b, out=out)
+        end.record()
+        end.synchronize()
+        best_s = min(best_s, start.elapsed_time(end) / 1e3 / GPU_BENCH_INNER)  # elapsed_time: ms
+    return best_s
 
 
 def device_peak(device: str | torch.device, precision: str = "fp32") -> Peak:
-    """Peak FLOP/s for ``device`` at ``precision``: datasheet for known GPUs, else measured."""
+    """Peak FLOP/s for ``device`` at ``precision``: the datasheet for known GPUs (:func:`gpu_peak`), else measured."""
     device = torch.device(device)
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = gpu_peak(name, precision)
+        peak = gpu_peak(device, precision)
         if peak is not None:
             return peak
-        rate = measured_peak(precision, device)
-        return Peak(rate, precision, name, f"measured: {CPU_BENCH_SIZE}x{CPU_BENCH_SIZE} matrix product", True)
+        dtype = _TORCH_DTYPES[precision]
+        size = gpu_bench_size(torch.cuda.mem_get_info(device)[0], torch.finfo(dtype).bits // 8)
+        rate = measured_peak(precision, device, size)
+        return Peak(rate, precision, torch.cuda.get_device_name(device),
+                    f"measured: {size}x{size} matrix product, timed with CUDA events", True)
     rate = measured_peak(precision, device)
     threads = torch.get_num_threads()
     return Peak(rate, precision, "cpu",

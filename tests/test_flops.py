@@ -15,7 +15,9 @@ from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import SimulatedSensor
 from lightning_energy.callbacks.flops import TABLE_FILE, FlopsCallback
 from lightning_energy.flops import OTHER_ROW, count_model, study_macs
-from lightning_energy.peaks import GPU_PEAKS_TFLOPS, device_peak, gpu_peak, measured_peak, precision_of
+from lightning_energy.peaks import (
+    CORRECTIONS, GPU_BENCH_MIN_SIZE, GPU_BENCH_SIZE, device_peak, gpu_bench_size, gpu_peak, measured_peak, precision_of,
+)
 
 # The Baler profiling study's MAC table: one forward pass of the AE on a batch of 512, bias adds counted.
 STUDY_ENCODER = [2_457_800, 10_240_100, 2_560_050, 384_015]
@@ -142,28 +144,77 @@ def test_csv_table_has_one_row_per_layer():
 
 
 # ------------------------------------------------------------------------------ peaks
+@pytest.fixture
+def gpu_named(monkeypatch):
+    """A CUDA device that answers to a given name (Hopper's compute capability): no GPU needed."""
+    def name(value):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: value)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        return torch.device("cuda", 0)
+    return name
+
+
 @pytest.mark.parametrize(
     "name, precision, tflops",
     [
         ("NVIDIA A100-SXM4-80GB", "tf32", 156.0), ("NVIDIA A100-PCIE-40GB", "bf16", 312.0),
-        ("NVIDIA H100 80GB HBM3", "fp16", 989.5), ("NVIDIA H100 PCIe", "fp32", 51.0),
-        ("NVIDIA H200", "bf16", 989.5), ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+        ("NVIDIA H100 80GB HBM3", "fp16", 989.4), ("NVIDIA H100 80GB HBM3", "fp32", 66.9),
+        ("NVIDIA H100 PCIe", "fp32", 51.2), ("Tesla V100-SXM2-16GB", "fp16", 125.0),
         ("Tesla V100-PCIE-32GB", "fp32", 14.0), ("Tesla T4", "fp16", 65.0), ("NVIDIA L4", "tf32", 60.0),
+        # cards the project's own table never had
+        ("NVIDIA GeForce RTX 4090", "bf16", 82.6), ("NVIDIA A10G", "tf32", 62.5), ("NVIDIA RTX A6000", "fp32", 38.7),
     ],
 )
-def test_gpu_peaks_come_from_the_table(name, precision, tflops):
-    peak = gpu_peak(name, precision)
+def test_gpu_peaks_come_from_lightnings_table(gpu_named, name, precision, tflops):
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    peak = gpu_peak(gpu_named(name), precision)
     assert peak.flops_per_s == pytest.approx(tflops * 1e12)
-    assert not peak.measured and "datasheet" in peak.source
+    assert not peak.measured and "Lightning's get_available_flops" in peak.source and peak.device == name
+    expected = get_available_flops(torch.device("cuda", 0), "tfloat32" if precision == "tf32" else
+                                   {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision])
+    assert peak.flops_per_s == expected  # the very figure Lightning gives
 
 
-def test_unknown_gpus_and_formats_fall_back_to_measurement():
-    assert gpu_peak("NVIDIA L40S", "fp32") is None  # "l4" must not match L40S
-    assert gpu_peak("NVIDIA H100 NVL", "bf16") is None
-    assert gpu_peak("Tesla T4", "bf16") is None  # Turing has no BF16
-    assert {label for _, label, _ in GPU_PEAKS_TFLOPS} >= {"A100", "H100 SXM", "H200", "V100 SXM2", "T4", "L4"}
+def test_fp32_peak_is_not_lightnings_tf32_figure_while_tf32_is_on(gpu_named):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # Lightning would then answer float32 with the TF32 rate
+    try:
+        device = gpu_named("NVIDIA A100-SXM4-80GB")
+        assert gpu_peak(device, "fp32").flops_per_s == pytest.approx(19.5e12)
+        assert gpu_peak(device, "tf32").flops_per_s == pytest.approx(156e12)
+        assert torch.get_float32_matmul_precision() == "high"  # restored
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_corrections_where_lightnings_table_is_wrong(gpu_named):
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    h200 = gpu_peak(gpu_named("NVIDIA H200"), "bf16")  # Lightning: unknown name
+    assert h200.flops_per_s == pytest.approx(989.5e12) and "dense" in h200.source
+    with pytest.warns(UserWarning, match="FLOPs not found"):
+        assert get_available_flops(torch.device("cuda", 0), torch.bfloat16) is None
+    device = gpu_named("NVIDIA L40S")
+    assert get_available_flops(device, torch.float32) == pytest.approx(30.3e12)  # Lightning: the L4's rate
+    assert gpu_peak(device, "fp32") is None  # measured instead
+    assert gpu_peak(gpu_named("NVIDIA H100 NVL"), "bf16") is None
+    assert gpu_peak(gpu_named("NVIDIA H200 NVL"), "fp32") is None
+    assert gpu_peak(gpu_named("Tesla T4"), "bf16") is None  # Turing has no BF16
+    assert gpu_peak(gpu_named("Some Future GPU"), "fp32") is None
+    assert {label for _, label, _, _ in CORRECTIONS} == {"H100/H200 NVL", "H200", "L40/L40S"}
     with pytest.raises(ValueError, match="precision must be one of"):
-        gpu_peak("NVIDIA A100", "fp8")
+        gpu_peak(device, "fp8")
+
+
+def test_gpu_fallback_product_is_large_and_fits_in_free_memory():
+    gib = 1024**3
+    assert gpu_bench_size(80 * gib, 4) == GPU_BENCH_SIZE == 8192  # 0.8 GB of 80 GB free
+    assert gpu_bench_size(80 * gib, 8) == 8192
+    n = gpu_bench_size(1 * gib, 4)  # a quarter of 1 GiB for three float32 matrices
+    assert n == 4608 and 3 * n * n * 4 <= gib / 4 < 3 * (n + 256) ** 2 * 4
+    assert gpu_bench_size(10 * 1024**2, 2) == GPU_BENCH_MIN_SIZE  # never launch-bound small
+    assert 2 * GPU_BENCH_SIZE**3 / 1e15 / 5e-6 > 200  # the full size: 220x a 5 us launch at 1 PFLOP/s
 
 
 def test_precision_follows_the_trainer():

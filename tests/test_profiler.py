@@ -65,6 +65,9 @@ def test_trace_gets_power_counters_inside_the_profiled_window(tmp_path):
     assert energy_track[-1]["args"]["J"] == pytest.approx(HOST_W * window.window_s, rel=1e-9)
     assert 0 <= meta["clock_uncertainty_us"] < 1000  # the sync markers pin the offset well under a millisecond
     assert meta["estimated"] is False and meta["estimated_sensors"] == []
+    # a CPU run: no GPU tracks, so the device sensor is split among the CPU threads with the host sensor
+    assert meta["device"] is None and meta["device_clock_offset_us"] is None
+    assert meta["sensor_tracks"] == {"device": "host", "host": "host"} and meta["unlinked_device_J"] == 0.0
     assert window.window_J == pytest.approx((DEVICE_W + HOST_W) * window.window_s, rel=1e-9)
 
 
@@ -84,8 +87,12 @@ def test_attribution_conserves_the_window_energy_and_is_saved(tmp_path):
         for r in a.rows:
             assert r.energy_J == pytest.approx((DEVICE_W + HOST_W) * r.self_time_s, rel=1e-6, abs=1e-12)
         rows = list(csv.DictReader(io.StringIO(window.csv_path.read_text())))
-        assert list(rows[0]) == ["op", "calls", "time_s", "energy_J", "share_of_step_energy", "energy_source"]
+        assert list(rows[0]) == ["op", "track", "calls", "time_s", "energy_J", "share_of_step_energy", "sensors",
+                                 "energy_source", "launched_kernels", "launched_device_J", "launched_device_sensors",
+                                 "launched_device_source"]
         assert {r["energy_source"] for r in rows} == {"measured"}
+        # a CPU run: the device is the CPU, so both sensors go to its threads and no kernel is launched
+        assert {(r["track"], r["sensors"], r["launched_device_J"]) for r in rows} == {("host", "device;host", "")}
         assert rows[-1]["op"] == IDLE_ROW
         assert sum(float(r["energy_J"]) for r in rows) == pytest.approx(window.window_J, rel=1e-6)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -120,7 +127,8 @@ def test_estimated_sensors_are_labelled_in_trace_csv_and_table(tmp_path, caplog)
     acc = EventAccumulator(trainer.log_dir, size_guidance={"tensors": 0})
     acc.Reload()
     text = acc.Tensors("energy/ops/text_summary")[0].tensor_proto.string_val[0].decode()
-    assert text.endswith("energy: ESTIMATED (from modelled sensors), not measured")
+    assert text.endswith("energy: ESTIMATED where it includes host (modelled sensors), not measured")
+    assert "host rows: energy of device (measured), host (ESTIMATE), split among CPU threads" in text
     infos = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EnergyProfiler: sensors")]
     assert infos == ["EnergyProfiler: sensors ['host'] are estimates, not measurements; the energy in the traces "
                      "and per-op tables is labelled estimated"]

@@ -46,7 +46,9 @@ class FlopsCallback(MeteredCallback):
       (exact for layers that act per sample, as Linear and Conv do);
     - ``flops/rate_GFLOP_per_s``: those FLOPs over the steps' time (slowest rank);
     - ``flops/mfu``: model FLOPs utilisation, the rate over the peak of the device and precision
-      (:mod:`lightning_energy.peaks`: datasheet for known GPUs, measured matrix product on CPU) x ranks.
+      (:mod:`lightning_energy.peaks`: Lightning's ``get_available_flops`` datasheet table for known GPUs,
+      with corrections where it is wrong; else a measured matrix product, on a GPU a large one timed with
+      CUDA events) x ranks.
       The precision is read at every step (the mode of a ``SwitchablePrecision`` plugin, which
       ``PrecisionSwitch`` changes mid-run, else ``trainer.precision``), so an epoch that ran in several
       precisions is held against each one's peak: ``mfu = sum over precisions of (FLOPs / peak) /

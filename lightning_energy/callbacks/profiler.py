@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -17,8 +18,8 @@ from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_text
 from lightning_energy.meter import Mark, Measurement, measure
 from lightning_energy.op_energy import (
-    SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us, counter_events,
-    read_chrome_trace, write_chrome_trace,
+    DEVICE_SYNC_MARKER, SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us,
+    counter_events, device_clock_offset_us, device_of, read_chrome_trace, write_chrome_trace,
 )
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
@@ -39,6 +40,7 @@ class _Window:
     start: Mark
     unix_minus_perf_s: float
     syncs: list[tuple[float, float]] = field(default_factory=list)
+    device_syncs: list[tuple[float, float]] = field(default_factory=list)  # around each DEVICE_SYNC_MARKER
     end: Mark | None = None
     samples: list = field(default_factory=list)
 
@@ -56,6 +58,8 @@ class ProfiledWindow:
     clock_uncertainty_us: float
     counter_events: int
     attribution: Attribution
+    device_clock_offset_us: float = math.nan  # of the GPU's tracks; NaN on a run without one
+    device_clock_uncertainty_us: float = math.nan
 
 
 class EnergyProfiler(MeteredCallback):
@@ -68,15 +72,21 @@ class EnergyProfiler(MeteredCallback):
     - ``<host>_<pid>.<ns>.pt.trace.json``: the trace from ``torch.profiler.tensorboard_trace_handler``,
       rewritten atomically with counter tracks ``power <sensor> (W)`` (every sample of the window) and
       ``energy <sensor> (J)`` (since the window start), aligned to the trace's clock (see
-      :mod:`lightning_energy.op_energy`), plus a ``lightningEnergy`` entry (window, clock offset,
-      ``estimated`` and ``estimated_sensors``).
-    - ``op_energy_step<global step>.csv``: columns ``op, calls, time_s, energy_J, share_of_step_energy,
-      energy_source``, the window's measured energy split among operators by the rule in
-      :mod:`lightning_energy.op_energy` (innermost op per thread/stream holds the time; concurrent ops
-      share equally; the rest is the idle row), so the ops and the idle row add up to the window.
-      ``energy_source`` is ``estimated`` when a sensor of this rank is an estimate (the CPU estimate from
-      TDP and load, for one), else ``measured``; the text table and the counter tracks say so too, and
-      an info message says it once at setup.
+      :mod:`lightning_energy.op_energy`): a device sensor's tracks sit in the GPU's process, beside its
+      kernels, on the device tracks' clock; plus a ``lightningEnergy`` entry (window, clock offsets of
+      the host and device tracks, ``estimated`` and ``estimated_sensors``).
+    - ``op_energy_step<global step>.csv``: the window's measured energy split among operators by the
+      rule in :mod:`lightning_energy.op_energy`: each sensor's energy goes to the tracks of its scope
+      (on a GPU run, device sensors to the kernels and copies on this rank's GPU, host sensors to the
+      CPU threads; on a CPU run every sensor to the CPU threads); the innermost op per thread/stream
+      holds the time, concurrent ops share equally, the rest is idle; so per sensor the ops and the
+      idle rows add up to the window. Columns ``op, track, calls, time_s, energy_J,
+      share_of_step_energy, sensors`` (the sensors ``energy_J`` includes), ``energy_source``
+      (``estimated`` when one of them is an estimate, such as the CPU estimate from TDP and load, else
+      ``measured``), and for host ops on a GPU run ``launched_kernels, launched_device_J,
+      launched_device_sensors, launched_device_source``: the device energy of the kernels the op
+      launched (so ``aten::mm`` shows what its kernels cost). The text table and the counter tracks
+      say which figures are estimates too, and an info message says it once at setup.
 
     Logged (rank zero, at the global step that ends the window): ``profiler/window_J``,
     ``profiler/window_s``, ``profiler/window_W``, ``profiler/idle_J`` and, with TensorBoard, the text
@@ -102,7 +112,8 @@ class EnergyProfiler(MeteredCallback):
         wait, warmup, active, repeat, skip_first: the ``torch.profiler.schedule`` in training steps
             (``warmup >= 1``: the first recorded step is skewed without it; ``active >= 1``).
         record_shapes, profile_memory, with_stack: passed to ``torch.profiler.profile``.
-        activities: ``"cpu"``/``"cuda"`` to record; default CPU, plus CUDA when training on a GPU.
+        activities: ``"cpu"``/``"cuda"`` to record; default CPU, plus CUDA when training on a GPU. Without
+            ``"cuda"`` the trace holds no kernels, so device sensors are split among the CPU threads too.
         sensors: sensors to read instead of those of an ``EnergyCallback`` or the auto-detected ones.
         interval_s: sampling interval requested from the shared sampler (s, >= 0.001).
         use_gzip: write ``.pt.trace.json.gz``.
@@ -157,6 +168,9 @@ class EnergyProfiler(MeteredCallback):
         self._log_dir: Path | None = None
         self._trainer: Trainer | None = None
         self.estimated_sensors: list[str] = []  # this rank's sensors that are estimates
+        self._scopes: dict[str, str] = {}  # sensor name -> "device" / "host"
+        self._device: int | None = None  # the CUDA index whose kernels are profiled; None on a CPU run
+        self._device_probe = None  # a one-element tensor on that GPU: the device sync marker's kernel
 
     # ---------------------------------------------------------------- set-up and tear-down
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -177,6 +191,7 @@ class EnergyProfiler(MeteredCallback):
         self._suffix = "" if trainer.global_rank == 0 else f"_rank{trainer.global_rank}"
         attachment = self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
         self.estimated_sensors = sorted(s.name for s in attachment.sensors if s.estimated)
+        self._scopes = {s.name: s.scope for s in attachment.sensors}
         if self.estimated_sensors:
             rank_zero_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
                            "energy in the traces and per-op tables is labelled estimated")
@@ -193,6 +208,7 @@ class EnergyProfiler(MeteredCallback):
         super().on_exception(trainer, pl_module, exception)
 
     def _release(self) -> None:
+        self._device_probe = None
         if self._profiler is not None:
             profiler, self._profiler = self._profiler, None
             profiler.stop()
@@ -209,8 +225,14 @@ class EnergyProfiler(MeteredCallback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         import torch.profiler as tp
 
-        names = self.activities or (["cpu", "cuda"] if trainer.strategy.root_device.type == "cuda" else ["cpu"])
+        root = trainer.strategy.root_device
+        names = self.activities or (["cpu", "cuda"] if root.type == "cuda" else ["cpu"])
         kinds = {"cpu": tp.ProfilerActivity.CPU, "cuda": tp.ProfilerActivity.CUDA}
+        if "cuda" in names:
+            import torch
+
+            self._device = root.index if root.index is not None else torch.cuda.current_device()
+            self._device_probe = torch.zeros(1, device=torch.device("cuda", self._device))
         self._trace_handler = tp.tensorboard_trace_handler(str(self._log_dir), use_gzip=self.use_gzip)
         self._profiler = tp.profile(
             activities=[kinds[n] for n in names],
@@ -272,10 +294,16 @@ class EnergyProfiler(MeteredCallback):
         self._pending = window
 
     def _sync(self, window: _Window | None = None) -> None:
-        """An empty marker op between two perf_counter readings: ties the trace clock to the sampler's."""
+        """An empty marker op between two perf_counter readings: ties the trace clock to the sampler's.
+
+        On a CUDA run also a device marker: synchronise, read perf_counter, launch one tiny kernel inside
+        :data:`DEVICE_SYNC_MARKER`, synchronise, read again; the kernel ran between the two readings, which
+        ties the device tracks' clock to the sampler's (once per window end: two synchronisations).
+        """
         from torch.profiler import record_function
 
-        syncs = (window or self._window).syncs
+        window = window or self._window
+        syncs = window.syncs
         for _ in range(SYNC_ATTEMPTS):
             before = time.perf_counter()
             with record_function(SYNC_MARKER):
@@ -283,6 +311,15 @@ class EnergyProfiler(MeteredCallback):
             syncs.append((before, time.perf_counter()))
             if syncs[-1][1] - before < SYNC_TIGHT_S:
                 break
+        if self._device_probe is not None:
+            import torch
+
+            torch.cuda.synchronize(self._device)
+            before = time.perf_counter()
+            with record_function(DEVICE_SYNC_MARKER):
+                self._device_probe.add_(1.0)
+            torch.cuda.synchronize(self._device)
+            window.device_syncs.append((before, time.perf_counter()))
 
     # ---------------------------------------------------------------- the exported trace
     def _on_trace_ready(self, profiler) -> None:
@@ -313,11 +350,17 @@ class EnergyProfiler(MeteredCallback):
             raise ValueError(f"{trace_path} is not a Chrome trace (no traceEvents list)")
         offset, uncertainty = clock_offset_us(events, window.syncs, trace.get("baseTimeNanoseconds"),
                                          window.unix_minus_perf_s)
+        device_offset, device_uncertainty = self._device_offset(events, window, offset)
         curve = EnergyCurve.from_window(window.start.t, start_J, end.t, end_J, samples)
         estimated = set(self.estimated_sensors) & set(measured.energy_J)
-        attribution = attribute_energy(events, curve, offset, estimated=bool(estimated))
+        attribution = attribute_energy(events, curve, offset, estimated=estimated, scopes=self._scopes,
+                                       device=self._device, device_offset_us=device_offset)
         pid = next((e.get("pid") for e in events if e.get("name") == SYNC_MARKER), os.getpid())
-        counters = counter_events(samples, curve, offset, pid, estimated)
+        device_pid = next((e.get("pid") for e in events if self._device is not None and device_of(e) == self._device),
+                          None)
+        placement = {name: (device_pid, device_offset) for name, scope in self._scopes.items()
+                     if scope == "device" and device_pid is not None}
+        counters = counter_events(samples, curve, offset, pid, estimated, placement)
         events.extend(counters)
         trace["lightningEnergy"] = {
             "window_start_ts_us": window.start.t * 1e6 + offset,
@@ -326,7 +369,12 @@ class EnergyProfiler(MeteredCallback):
             "window_s": measured.duration_s,
             "energy_J": measured.energy_J,
             "clock_offset_us": offset,
-            "clock_uncertainty_us": uncertainty,
+            "clock_uncertainty_us": _json_number(uncertainty),
+            "device": self._device,
+            "device_clock_offset_us": _json_number(device_offset),
+            "device_clock_uncertainty_us": _json_number(device_uncertainty),
+            "sensor_tracks": attribution.sensor_track,
+            "unlinked_device_J": attribution.unlinked_device_J,
             "samples": len(samples),
             "samples_dropped": self._recorder.dropped,
             "extrapolated": measured.extrapolated,
@@ -340,7 +388,15 @@ class EnergyProfiler(MeteredCallback):
         if trainer.is_global_zero:
             self._log(trainer, step, measured, attribution)
         return ProfiledWindow(step, trace_path, csv_path, measured.total_J, measured.duration_s, offset, uncertainty,
-                              len(counters), attribution)
+                              len(counters), attribution, device_offset, device_uncertainty)
+
+    def _device_offset(self, events: list[dict], window: _Window, host_offset: float) -> tuple[float, float]:
+        """The device tracks' clock offset from the device sync markers; on a CPU run NaN, NaN. Where no
+        marker kernel is in the trace the host offset is used, with a NaN uncertainty (unchecked)."""
+        if self._device is None:
+            return math.nan, math.nan
+        offset, uncertainty = device_clock_offset_us(events, window.device_syncs, self._device)
+        return (host_offset, math.nan) if math.isnan(offset) else (offset, uncertainty)
 
     def _log(self, trainer: Trainer, step: int, measured, attribution: Attribution) -> None:
         from lightning.pytorch.loggers import TensorBoardLogger
@@ -356,6 +412,11 @@ class EnergyProfiler(MeteredCallback):
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text("energy/ops", attribution.markdown(self.top_ops), global_step=step)
                 logger.experiment.flush()
+
+
+def _json_number(value: float) -> float | None:
+    """``value``, or None for NaN (JSON has no NaN; trace viewers reject it)."""
+    return None if math.isnan(value) else value
 
 
 def _measure_only(start: Mark, end: Mark, names: set[str]) -> Measurement:
