@@ -24,6 +24,7 @@ import time
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+RUN_ATTRIBUTES_FILE = "run_attributes.json"  # a fit's attributes in its log dir (CatalogCallback, sweep)
 CATALOG_FILE = "energy_catalog.sqlite"
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 60.0

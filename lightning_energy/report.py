@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import platform
 import time
-from importlib import metadata
 
 REPORT_FILE = "energy_report.json"
 JOULES_PER_KWH = 3.6e6
 
 
 def version() -> str:
+    from importlib import metadata  # here: importing it costs ~0.1 s of every command's start-up
+
     try:
         return metadata.version("lightning-energy")
     except metadata.PackageNotFoundError:

@@ -18,10 +18,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_energy.io import fsync
 from lightning_energy.output_worker import ProblemLog, describe_error
-from lightning_energy.sampler import Reading
+
+if TYPE_CHECKING:  # the offline reader (read_trace) should not load the sampler
+    from lightning_energy.sampler import Reading
 
 FLUSH_EVERY_ROWS = 256
 TRACE_FILE = "energy_trace.csv"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_energy.callbacks.catalog import RUN_ATTRIBUTES_FILE
+from lightning_energy.catalog import RUN_ATTRIBUTES_FILE
 from lightning_energy.report import REPORT_FILE
 from lightning_energy.trace import EVENTS_FILE, TRACE_FILE, read_trace
 
