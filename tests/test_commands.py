@@ -36,7 +36,7 @@ def test_report_of_a_hand_made_run(tmp_path, capsys):
                     epochs=[(1.0, 4.0, 3.0, 4.0), (4.5, 8.0)])
     code, out, err = run_cli(capsys, "report", run, "--out", tmp_path / "plots")
     assert code == 0, err
-    assert "10.00 s, 1200.00 J, mean 120.00 W" in out
+    assert "10.00 s, 1200.00 J (provenance unknown), mean 120.00 W" in out
     assert "gpu" in out and "1000.00" in out and "83.33" in out
     report = json.loads((tmp_path / "plots" / "trace_report.json").read_text())
     assert report["total_J"] == pytest.approx(1200.0) and report["edp_Js"] == pytest.approx(12000.0)

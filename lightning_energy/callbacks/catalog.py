@@ -20,6 +20,7 @@ from lightning_energy.catalog import (
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.meter import measure
+from lightning_energy.provenance import combine, of_entry
 from lightning_energy.report import version
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
@@ -221,6 +222,7 @@ class CatalogCallback(MeteredCallback):
             "energy_J": energy_J,
             "energy_kWh": energy_J / JOULES_PER_KWH,
             "estimated": any(s["estimated"] for s in sensors),
+            "provenance": combine(of_entry(s) for s in sensors),
             "sensors": sensors,
             "gCO2e": energy_J / JOULES_PER_KWH * intensity.g_per_kWh * pue,
             "intensity_g_per_kWh": intensity.g_per_kWh,
