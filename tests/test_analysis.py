@@ -279,3 +279,52 @@ def test_a_trace_with_a_column_named_twice_is_read_by_its_first_copy(tmp_path):
 def test_runs_in_version_folders_are_named_with_their_parent(tmp_path):
     run = load_run(write_run(tmp_path / "fit_a" / "version_3", {"gpu": 1.0}, duration_s=1.0))
     assert run.name == "fit_a/version_3"
+
+
+# ---------------------------------------------------------------- provenance of the joules
+def test_provenance_combines_and_reads_older_files():
+    from lightning_energy.provenance import combine, of_entry, of_report, tagged
+
+    assert combine(["estimated", "measured", "estimated"]) == "measured+estimated"
+    assert combine(["simulated", "measured+estimated"]) == "measured+estimated+simulated"
+    assert of_entry({"estimated": True}) == "estimated" and of_entry({"estimated": False}) == "measured"
+    assert of_report({"sensors": [{"provenance": "simulated"}, {"estimated": True}]}) == "estimated+simulated"
+    assert tagged("5.0 J", "measured") == "5.0 J (measured)" and tagged("5.0 J", "simulated") == "5.0 J (SIMULATED)"
+    with pytest.raises(ValueError, match="unknown provenance"):
+        combine(["guessed"])
+
+
+def test_simulated_sensors_are_labelled_simulated_and_the_tensorboard_figure_says_so():
+    from lightning_energy import CpuEstimateSensor, SimulatedSensor
+    from lightning_energy.gpu_sim import SimulatedGpuSensor
+    from lightning_energy.tensorboard import power_figure
+
+    assert SimulatedSensor("gpu", 100.0).describe()["provenance"] == "simulated"
+    assert SimulatedGpuSensor(0).provenance == "simulated"
+    assert SimulatedSensor("cpu", 10.0, estimated=True).provenance == "estimated"  # a stand-in for an estimate
+    assert CpuEstimateSensor(tdp_w=10.0, load=lambda: 0.5).provenance == "estimated"
+    points = [(i * 0.01, {"gpu": 100.0, "cpu": 5.0}) for i in range(20)]
+    (ax,) = power_figure(points, 3, {"gpu": "simulated", "cpu": "estimated"}).axes
+    assert ax.get_title() == "epoch 3 power, ESTIMATED+SIMULATED"
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["cpu (ESTIMATED)", "gpu (SIMULATED)"]
+
+
+def test_compare_and_fit_say_where_the_joules_come_from(tmp_path, capsys):
+    from lightning_energy.cli import main
+
+    runs = []
+    for i, (batch, watts) in enumerate([(16, 100.0), (32, 80.0), (64, 70.0)]):
+        folder = write_run(tmp_path / f"run{i}", {"gpu": watts}, duration_s=4.0, dt_s=0.5,
+                           attributes={"batch_size": batch})
+        (folder / "energy_report.json").write_text(json.dumps(
+            {"sensors": [{"name": "gpu", "estimated": False, "provenance": "simulated"}]}))
+        runs.append(str(folder))
+    assert main(["compare", *runs, "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("SIMULATED") == 4  # three runs and their group
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["provenance"] == "simulated"
+    assert main(["fit", *runs, "--by", "batch_size", "--out", str(tmp_path / "fit")]) == 0
+    assert capsys.readouterr().out.count("SIMULATED") == 3
+    assert json.loads((tmp_path / "fit" / "fit.json").read_text())["provenance"] == "simulated"
+    assert main(["report", runs[0], "--out", str(tmp_path / "report")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "run run0: 4.00 s, 400.00 J (SIMULATED), mean 100.00 W, EDP 1600 J*s"

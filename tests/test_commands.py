@@ -318,6 +318,7 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
     code, out, err = run_cli(capsys, "sweep", "--config", config)
     assert code == 0, err
     assert "CERN est J" in out and "SIMULATED on lightning_energy.gpu_sim's GPU" in out
+    assert "energies are SIMULATED: SIMULATED sensors follow" in out and " SIMULATED " in out.splitlines()[2]
     results = json.loads((tmp_path / "out" / "sweep_results.json").read_text())
     rows = results["runs"]
     assert sorted(r["power_limit_W"] for r in rows) == [150, 200, 300]
@@ -339,6 +340,9 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
         recorded = Catalog(tmp_path / "out" / CATALOG_FILE).get(row["catalog_id"])
         assert row["gCO2e"] == pytest.approx(recorded["energy_J"] / 3.6e6 * 100.0, rel=1e-12)
         assert recorded["config"]["run"]["power_limit"] == "simulated GPU"
+        # a simulated card and a simulated host sensor: simulated joules, not measured (nor "estimated: false")
+        assert row["provenance"] == recorded["provenance"] == "simulated"
+        assert row["energy_J"] == recorded["energy_J"]  # the sweep table and the catalog: one figure
     assert (tmp_path / "out" / "sweep_results.csv").read_text().startswith("run,")
     assert len(Catalog(tmp_path / "out" / CATALOG_FILE).list()) == 3
     run_dirs = [r["run_dir"] for r in rows]
