@@ -8,8 +8,9 @@ zeus and codecarbon are imported only by the functions that need them.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from lightning_energy.lazy import lazy_names
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
@@ -41,19 +42,7 @@ _PUBLIC: dict[str, str] = {
 }
 
 __all__ = list(_PUBLIC)
-
-
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_energy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports

@@ -78,6 +78,7 @@ from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks import CarbonCallback
 assert EnergyCallback.__module__ == "lightning_energy.callbacks.energy", EnergyCallback.__module__
 assert "EnergyCallback" in dir(lightning_energy) and "CarbonCallback" in lightning_energy.__all__
+assert lightning_energy.sensors.estimate.CpuEstimateSensor is lightning_energy.CpuEstimateSensor  # submodules too
 try:
     lightning_energy.NoSuchThing
 except AttributeError as err:

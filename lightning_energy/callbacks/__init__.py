@@ -6,7 +6,7 @@ file-name constant, does not import Lightning through the others.
 
 from __future__ import annotations
 
-import importlib
+from lightning_energy.lazy import lazy_names
 
 _CALLBACKS: dict[str, str] = {
     "BatchSampleEstimate": "batch_sample", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "bso",
@@ -17,16 +17,4 @@ _CALLBACKS: dict[str, str] = {
 }
 
 __all__ = sorted(_CALLBACKS)
-
-
-def __getattr__(name: str):
-    module = _CALLBACKS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lightning_energy.callbacks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, {name: f"{__name__}.{module}" for name, module in _CALLBACKS.items()})

@@ -249,6 +249,20 @@ class ProcessLoad:
         self._clock = clock if clock is not None else time.monotonic
         self._previous = self._cpu_times()
         self._previous_t = self._clock()
+        if cpu_times is None and clock is None:
+            self._since_process_start()
+
+    def _since_process_start(self) -> None:
+        """Make the first reading this process's mean share since it started, not a few milliseconds' worth
+        of 10 ms CPU-time ticks (the sensor is opened just before its first read)."""
+        import psutil
+
+        with contextlib.suppress(psutil.Error, OSError):
+            me = psutil.Process()
+            lived_s = time.time() - me.create_time()
+            if lived_s > 0:
+                self._previous[me.pid] = 0.0
+                self._previous_t -= lived_s
 
     def fraction(self) -> float:
         now, times = self._clock(), self._cpu_times()
