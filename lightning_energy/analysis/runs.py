@@ -10,6 +10,11 @@ values; nested mappings flattened as ``outer.inner``) and ``run_attributes.json`
 CatalogCallback and by ``lightning-energy sweep``). Traces of other ranks (``energy_trace_rank<N>.csv``)
 are added onto rank 0's time axis through their unix timestamps.
 
+Where the events carry the meter's cumulative energy at the fit's start and end (traces since the
+provenance change), those points are added to the trace (:func:`_with_mark_points`), so that the fit's
+total read back here is the meter's, as in ``energy_report.json``. The run's provenance (measured /
+estimated / simulated) comes from ``energy_report.json`` (``"unknown"`` without it).
+
 The fit's boundaries come from the events and may lie a little outside the samples (the sampler's
 first sample follows the ``fit_start`` mark by a fraction of a millisecond): up to
 ``EDGE_TOLERANCE_INTERVALS`` sampling intervals are covered by continuing the nearest sample's power

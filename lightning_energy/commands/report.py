@@ -1,4 +1,4 @@
-"""``lightning-energy report RUN_DIR``: the energy report of one run, computed from its trace.
+"""``lightning-energy report RUN_DIR``: the energy report of one run, computed from its trace and events.
 
 Prints the energy per sensor and the per-epoch table and writes ``power.png`` (power over time with
 epoch markers), ``cumulative_energy.png``, ``epoch_boxplots.png`` (per-epoch energy and time) and
