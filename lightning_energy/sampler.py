@@ -34,6 +34,7 @@ KEEP_POINTS = 4096  # per sensor, beyond what pending marks and retained windows
 # staleness rule, capped (a sensor slower than this is extrapolated and flagged instead of stalling).
 RESOLUTION_INTERVALS = 3
 MAX_RESOLUTION_WAIT_S = 1.0
+SETUP_WAIT_S = 1.0  # bound of the once-per-fit wait for every new sensor's first sample (s)
 READ_TIMEOUT_S = 2.0  # a single sensor read longer than this is declared hung
 THREAD_JOIN_TIMEOUT_S = 5.0
 
@@ -124,12 +125,26 @@ class Sampler:
     def _await_first_points(self, names: list[str]) -> None:
         """Wait (at set-up, bounded) until the thread has read each new sensor once, so that the first
         marks fall after a first point; a sensor still unread then is resolved like a late one."""
-        deadline = time.perf_counter() + self.resolution_timeout_s()
+        self.await_coverage(names, since_s=-math.inf)
+
+    def await_coverage(self, names: list[str], since_s: float | None = None) -> bool:
+        """Wait until every live sensor of ``names`` has a sample at or after ``since_s`` (sampler clock, s;
+        default: now), at most :data:`SETUP_WAIT_S`; False when the bound ran out. Never reads a sensor.
+
+        For set-up only (once per fit, never per step): on a loaded machine a new or busy sampling thread
+        can wait tens of ms for a core, and the fit's start mark must still fall after a sample that every
+        listener (the trace) has seen.
+        """
+        since_s = self.clock() if since_s is None else since_s
+        deadline = time.perf_counter() + max(self.resolution_timeout_s(), SETUP_WAIT_S)
+        self.request_sample()
         while time.perf_counter() < deadline:
             with self._lock:
-                if all(s.times or not s.live for n in names if (s := self.series.get(n)) is not None):
-                    return
+                if all(s.times and s.times[-1] >= since_s or not s.live
+                       for n in names if (s := self.series.get(n)) is not None):
+                    return True
             time.sleep(min(self.interval_s, 0.001))
+        return False
 
     def _start_thread(self) -> None:
         self._stop.clear()
@@ -305,7 +320,9 @@ class Sampler:
             for series, value, fields, error in values:
                 if error is None:
                     try:
-                        series.add_reading(t, value, breakpoints.get(series.name, ()))
+                        shape = getattr(series.sensor, "shape_power_field", None)  # counter + power reading
+                        series.add_reading(t, value, breakpoints.get(series.name, ()),
+                                           shape_w=fields.get(shape) if shape is not None else None)
                         series.fields = fields
                     except Exception as err:  # a non-finite value, a counter going backwards, ...
                         error = f"{type(err).__name__}: {err}"

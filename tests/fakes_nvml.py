@@ -13,6 +13,12 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
 - ``nvmlDeviceGetFieldValues``: per-field ``nvmlReturn``; ``NVML_FI_DEV_POWER_INSTANT`` and
   ``NVML_FI_DEV_POWER_AVERAGE`` (mW, ``value.uiVal``) where the driver has them, else the field reads
   ``NVML_ERROR_NOT_SUPPORTED`` while the call itself succeeds.
+- The power sensor of A100/H100 (``observed_window_s``, 25 ms) observes only the last 25 ms of each
+  100 ms counter period: the "instant" power (the instant field, and ``nvmlDeviceGetPowerUsage`` where
+  it is not an average) is the mean power over that window, refreshed at each counter update. With
+  ``observed_window_s=None`` (older parts) it is the power at the call. The counter integrates the
+  exact power (the documented preferred source); whether a card's counter also sees only the observed
+  windows is for a run on a real card to check.
 - MIG: ``nvmlDeviceGetMigMode`` (``[current, pending]``; not supported before Ampere), MIG device
   handles and ``MIG-`` UUIDs; ``nvmlDeviceIsMigDeviceHandle`` returns a ``ctypes.c_uint`` as pynvml does.
 - ``nvmlInit``/``nvmlShutdown`` are reference counted; a device call with no ``nvmlInit`` outstanding
@@ -91,6 +97,7 @@ NVML_PCIE_UTIL_RX_BYTES = 1
 
 COUNTER_UPDATE_PERIOD_S = 0.1  # the energy counter advances every 100 ms
 POWER_AVERAGE_WINDOW_S = 1.0  # nvmlDeviceGetPowerUsage's averaging window on Ampere and newer
+OBSERVED_WINDOW_S = 0.025  # A100/H100: the power sensor observes the last 25 ms of each 100 ms period
 MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount on an A100/H100
 
 
@@ -166,6 +173,7 @@ class FakeGpu:
     has_energy_counter: bool = True  # Volta and newer
     has_power_fields: bool = True  # a driver with NVML_FI_DEV_POWER_INSTANT / _AVERAGE
     power_usage_is_average: bool = True  # nvmlDeviceGetPowerUsage = 1-s average (Ampere+ except GA100)
+    observed_window_s: float | None = OBSERVED_WINDOW_S  # A100/H100: instant power = mean of the last 25 ms
     mig_uuids: tuple[str, ...] | None = None  # MIG mode on, with these instances; None: off
     has_pcie_counters: bool = False
     power_W: float = 100.0
@@ -283,20 +291,29 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return handle.index, self.gpus[handle.index]
 
-    def _counter_mJ(self, index: int) -> int:
-        now = self.clock()
-        updates = math.floor((now - self.loaded_at_s) / COUNTER_UPDATE_PERIOD_S + 1e-9)  # 1e-9: float noise
-        last_update_s = self.loaded_at_s + updates * COUNTER_UPDATE_PERIOD_S
-        return int(math.floor(self.energy_mJ(index, last_update_s) + 1e-6))
+    def last_update_s(self) -> float:
+        """Time (s) of the counters' latest update (every 100 ms from the driver's load)."""
+        updates = math.floor((self.clock() - self.loaded_at_s) / COUNTER_UPDATE_PERIOD_S + 1e-9)  # 1e-9: float noise
+        return self.loaded_at_s + updates * COUNTER_UPDATE_PERIOD_S
 
-    def _instant_mW(self, gpu: FakeGpu) -> int:
-        return int(round(gpu.power_W * 1000))
+    def _counter_mJ(self, index: int) -> int:
+        return int(math.floor(self.energy_mJ(index, self.last_update_s()) + 1e-6))
+
+    def _instant_mW(self, index: int) -> int:
+        """mW: the mean over the observed window before the latest update (the power now where the
+        GPU has no ``observed_window_s``, or before its first window)."""
+        gpu = self.gpus[index]
+        window = gpu.observed_window_s
+        end = self.last_update_s()
+        if window is None or end - window < self.loaded_at_s:
+            return int(round(gpu.power_W * 1000))
+        return int(round((self.energy_mJ(index, end) - self.energy_mJ(index, end - window)) / window))
 
     def _average_mW(self, index: int) -> int:
         now = self.clock()
         start = max(now - POWER_AVERAGE_WINDOW_S, self.loaded_at_s)
         if now <= start:
-            return self._instant_mW(self.gpus[index])
+            return self._instant_mW(index)
         return int(round((self.energy_mJ(index, now) - self.energy_mJ(index, start)) / (now - start)))
 
     # --- library --------------------------------------------------------------------------------
@@ -376,7 +393,7 @@ class FakeNvml:
         if isinstance(handle, _MigHandle):
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         index, gpu = self._gpu_of(handle)
-        return self._average_mW(index) if gpu.power_usage_is_average else self._instant_mW(gpu)
+        return self._average_mW(index) if gpu.power_usage_is_average else self._instant_mW(index)
 
     def nvmlDeviceGetFieldValues(self, handle, fieldIds):
         """One value per requested field (an id or ``(id, scope)``); each carries its own ``nvmlReturn``."""
@@ -388,7 +405,7 @@ class FakeNvml:
             value = _FieldValue(field_id, scope, self.clock())
             if gpu.has_power_fields and scope == NVML_POWER_SCOPE_GPU:
                 if field_id == NVML_FI_DEV_POWER_INSTANT:
-                    value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._instant_mW(gpu))
+                    value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._instant_mW(index))
                 elif field_id == NVML_FI_DEV_POWER_AVERAGE:
                     value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._average_mW(index))
             values.append(value)

@@ -4,6 +4,8 @@ semantics (``fakes_nvml.FakeNvml``; checked here against the installed nvidia-ml
 from __future__ import annotations
 
 import inspect
+import random
+import statistics
 import sys
 import threading
 import types
@@ -315,3 +317,68 @@ def test_measurement_detects_the_mapped_gpu_and_leaves_nvml_as_it_found_it(monke
     assert detect.nvml_index_of_cuda_device(0) == 1 and fake.init_count == 1  # the sensor's, still held
     sensors[0].close()
     assert fake.init_count == 0
+
+
+# ------------------------------------------------------------ counter + instant power (A100/H100)
+def test_h100_instant_power_is_the_mean_of_the_25_ms_observed_before_each_update(clock):
+    """The power sensor of A100/H100 observes only ~25 ms of each 100 ms period: a burst in the other
+    75 ms is not in the instant power (the counter has it), and the value changes only at updates."""
+    fake = FakeNvml(h100s(1, power_W=100.0), clock)  # loaded at 1000.0: updates at 1000.0 + 0.1 k
+    sensor = opened(fake)
+    for at, watts in [(1000.41, 400.0), (1000.46, 100.0), (1000.49, 300.0)]:  # the window is [1000.475, 1000.5]
+        clock.t = at
+        fake.set_power(0, watts)
+    clock.t = 1000.52
+    assert sensor.power_w() == pytest.approx((0.015 * 100.0 + 0.010 * 300.0) / 0.025, abs=1e-3)  # 180 W
+    assert sensor.read_fields()["power_W"] == pytest.approx(180.0, abs=1e-3)
+    assert sensor.energy_j() == pytest.approx(fake.energy_mJ(0, 1000.5) / 1000.0, abs=1e-3)  # the burst counted
+    clock.t = 1000.599
+    assert sensor.power_w() == pytest.approx(180.0, abs=1e-3)  # refreshed only with the next update
+    clock.t = 1000.61
+    assert sensor.power_w() == pytest.approx(300.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("architecture, shaped", [(None, True), (5, False)])  # Hopper; Volta: window unknown
+def test_the_counter_is_shaped_by_the_instant_power_where_the_card_observes_windows(clock, architecture, shaped):
+    overrides = {} if architecture is None else {"architecture": architecture}
+    sensor = opened(FakeNvml(h100s(1, **overrides), clock))
+    assert sensor.kind == "energy"
+    assert (sensor.shape_power_field, sensor.shape_window_s) == (("power_W", 0.025) if shaped else (None, None))
+    no_field = opened(FakeNvml(h100s(1, has_power_fields=False), clock))  # only the 1-s average: no shape
+    assert no_field.shape_power_field is None
+
+
+def test_100_ms_steps_on_an_h100_counter_are_attributed_through_the_sampler(clock):
+    """Steps of one counter period (100 ms) alternating 50/150 W on a fake H100 read by the sampler at
+    ~20 Hz: the counter alone leaves every such period linear (each step then reads ~100 W: 30-60 % off);
+    with the instant power each step is within a few per cent, and the total stays the counter's."""
+    from lightning_energy.meter import Meter, measure
+    from lightning_energy.sampler import Sampler
+
+    rng = random.Random(3)
+    fake = FakeNvml(h100s(1, power_W=50.0), clock)
+    sampler = Sampler(clock=clock)
+    names = sampler.acquire("test", [NvmlGpuSensor(0, pynvml_module=fake)], interval_s=0.05, start_thread=False)
+    meter = Meter(sampler, names)
+    meter.clock.record = clock
+    sampler.add_meter(meter)
+    step_times = [1004.0437 + 0.1 * k for k in range(31)]  # from 4 s: the counter's phase is pinned by then
+    next_tick, marks = clock() + 0.05, []
+    for at in [*step_times, step_times[-1] + 1.0]:
+        while next_tick < at:  # ticks every 50 ms plus 0-2 ms, then the boundary
+            clock.t = next_tick
+            sampler.sample_once()
+            next_tick += 0.05 + rng.uniform(0.0, 0.002)
+        clock.t = at
+        if at in step_times:
+            fake.set_power(0, 150.0 if len(marks) % 2 == 0 else 50.0)
+            marks.append(meter.mark())
+    assert all(m.resolved and not m.extrapolated for m in marks)
+    errors = []
+    for a, b in zip(marks, marks[1:]):
+        exact = (fake.energy_mJ(0, b.t) - fake.energy_mJ(0, a.t)) / 1000.0
+        errors.append(abs(measure(a, b).energy_J["gpu0"] - exact) / exact)
+    assert statistics.median(errors) < 0.02 and max(errors) < 0.08, (statistics.median(errors), max(errors))
+    total = measure(marks[0], marks[-1]).energy_J["gpu0"]
+    exact_total = (fake.energy_mJ(0, marks[-1].t) - fake.energy_mJ(0, marks[0].t)) / 1000.0
+    assert total == pytest.approx(exact_total, abs=2 * 0.003 * 100.0)  # the edges' update placement only

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import math
 import random
+import statistics
 
 import pytest
 
@@ -703,3 +704,109 @@ def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(man
     error = abs(window.energy_J["gpu"] - (sensor.energy_at(change) - sensor.energy_at(before.t - origin)))
     # off by the update placement only (the phase is known within ±4.4 ms here), and within the bound
     assert error <= 150.0 * series.phase.half_width_s and error <= window.bound_J
+
+
+# ------------------------------------------------------------ a counter shaped by its power readings
+class ShapedCounterSensor(CounterSensor):
+    """NVML on A100/H100: the counter, and the instant power: the mean over the 25 ms before each update."""
+
+    shape_window_s = 0.025
+    shape_power_field = "power_W"
+
+
+def feed_shaped(series: SensorSeries, trace: Trace, counter: Counter, reads: list[float], marks: list[float],
+                resolved: dict[float, float]) -> None:
+    """Feed as the sampler does (pending marks up to each read, the window of the latest update with the
+    counter) and record each mark's figure when it resolves, as the Meter does."""
+    pending, upcoming = [], sorted(marks)
+    window = ShapedCounterSensor.shape_window_s
+    for t in reads:
+        while upcoming and upcoming[0] <= t:
+            pending.append(upcoming.pop(0))
+        u = counter.updates[bisect.bisect_right(counter.updates, t) - 1]
+        series.add_reading(t, counter.read(t), breakpoints=list(pending),
+                           shape_w=(trace.energy(u) - trace.energy(u - window)) / window)
+        while pending and series.covers(pending[0]):
+            m = pending.pop(0)
+            resolved[m] = series.energy_at(m)
+
+
+@pytest.mark.parametrize("step_s", [0.1, 0.15, 0.3])
+def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_period(step_s):
+    """100 ms steps on a 100 ms counter: every period holds a boundary, so the counter alone cannot say
+    where in it the work changed (the neighbour rule leaves such periods linear: ~60 % off per step). The
+    power read with each update (the mean of the 25 ms before it) says which power held on which side;
+    each period's exact energy is shared out by it, so the counter's figures at its updates stay exact."""
+    rng = random.Random(7)
+    rel_marks = [3.0213 + k * step_s for k in range(int(3.0 / step_s))]  # the phase is pinned to ~3 ms by 3 s
+    trace = square_at_marks(rel_marks)
+    updates = [u + rng.uniform(-0.0005, 0.0005) for u in schedule()]
+    counter = Counter(trace, updates)
+    marks = [T0 + m for m in rel_marks]
+    resolved: dict[float, float] = {}
+    series = SensorSeries(ShapedCounterSensor())
+    reads, t = [], T0
+    while t < T0 + 6.5:  # every 50 ms plus 0-2 ms (a tick's cost, wake-up lateness): the phase gets pinned
+        reads.append(t)
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    feed_shaped(series, trace, counter, reads, marks, resolved)
+    assert series.phase.pinned and all(m in resolved for m in marks)
+    errors = []
+    for a, b in zip(marks, marks[1:]):
+        if b in resolved:
+            exact = trace.energy(b) - trace.energy(a)
+            errors.append(abs(resolved[b] - resolved[a] - exact) / exact)
+    # within the update placement: ±3 ms of a 100 W swing at each edge of a 5-15 J step
+    assert statistics.median(errors) < 0.01 and max(errors) < 0.05, (statistics.median(errors), max(errors))
+    # energy-conserving: every counter update keeps its value (the points added at the marks lie between)
+    real = [i for i, early in enumerate(series.update_early) if early != -math.inf][1:]
+    assert len(real) < len(series.times) - len(rel_marks) // 2
+    for i in real:
+        assert series.energies[i] == pytest.approx(trace.energy(nearest(updates, series.times[i])), abs=1e-9)
+    assert all(b >= a for a, b in zip(series.energies, series.energies[1:]))
+
+
+def test_a_shaped_counter_with_more_segments_than_readings_stays_linear():
+    """20 ms steps: five segments per period and one power window: nothing tells them apart, so the
+    period is shared out linearly (as without the power readings), never by a guess."""
+    rel_marks = [2.0213 + k * 0.02 for k in range(150)]
+    trace = square_at_marks(rel_marks)
+    counter = Counter(trace, schedule())
+    reads = drifting_reads(120)
+    shaped, plain = SensorSeries(ShapedCounterSensor()), SensorSeries(CounterSensor())
+    marks = [T0 + m for m in rel_marks]
+    got: dict[float, float] = {}
+    feed_shaped(shaped, trace, counter, reads, marks, got)
+    pending, upcoming = [], list(marks)
+    for t in reads:
+        while upcoming and upcoming[0] <= t:
+            pending.append(upcoming.pop(0))
+        plain.add_reading(t, counter.read(t), breakpoints=list(pending))
+    for m in marks[:100]:
+        assert got[m] == pytest.approx(plain.energy_at(m), abs=1e-9)
+
+
+def test_power_bounds_hold_for_steps_shorter_than_the_sampling_interval():
+    """20 ms steps alternating 50/150 W read every ~50 ms: two equal readings (50 W, 50 W) may enclose
+    unseen 150 W steps. The figure cannot know (sampling), but its bound must say so: the stretch between
+    the first and the last mark of such an interval is bounded by the range of powers read so far."""
+    rng = random.Random(5)
+    rel_marks = [0.0137 + k * 0.02 for k in range(300)]
+    trace = square_at_marks(rel_marks)
+    marks = [T0 + m for m in rel_marks]
+    series = SensorSeries(PowerSensor())
+    resolved, pending, upcoming, t = {}, [], list(marks), T0
+    while t < T0 + 6.2:
+        while upcoming and upcoming[0] <= t:
+            pending.append(upcoming.pop(0))
+        series.add_reading(t, trace.power(t), breakpoints=list(pending))
+        while pending and series.covers(pending[0]):
+            m = pending.pop(0)
+            resolved[m] = (series.energy_at(m), series.edge_bound(m))
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    edges = [m for m in marks if m > T0 + 0.5 and m in resolved]
+    missed = 0
+    for a, b in list(zip(edges, edges[1:])) + [(edges[0], edges[-1])]:
+        error = abs(resolved[b][0] - resolved[a][0] - (trace.energy(b) - trace.energy(a)))
+        missed += error > series_module.bound_between(resolved[a][1], resolved[b][1]) + 1e-9
+    assert missed == 0

@@ -369,3 +369,24 @@ def test_epochs_too_short_for_a_picture_get_no_power_figure_and_the_report_says_
     assert len(acc.Scalars("energy/epoch_J")) == 20
     (note,) = [n for n in callback.report["notes"] if "too short" in n]
     assert note.startswith("power figure: 20 epoch(s) have none")
+
+
+# ---------------------------------------------------------------------- a starved sampling thread at set-up
+def test_the_fit_starts_after_a_first_sample_even_when_the_sampling_thread_starts_late(tmp_path, monkeypatch):
+    """On a loaded machine the new sampling thread may wait for a core; the start mark must still fall after
+    a first sample, so no part of the fit is extrapolated beyond one sampling interval (the trace's rule)."""
+    from lightning_energy import sampler as sampler_module
+    from lightning_energy.analysis.runs import load_run
+
+    run_thread = sampler_module.Sampler._run
+
+    def scheduled_late(self, generation):
+        time.sleep(0.2)  # the thread gets a core 200 ms after it was started (8x the old set-up bound)
+        return run_thread(self, generation)
+
+    monkeypatch.setattr(sampler_module.Sampler, "_run", scheduled_late)
+    interval_s = 0.005
+    callback = EnergyCallback(sensors=[SimulatedSensor("device", DEVICE_W)], verbose=False, interval_s=interval_s)
+    trainer, _ = fit(tmp_path, [callback], max_epochs=2)
+    run = load_run(callback.report_path.parent)
+    assert run.time_s[0] - run.start_s <= interval_s  # old code: 1.3 s of the fit before the first sample

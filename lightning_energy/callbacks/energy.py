@@ -191,6 +191,7 @@ class EnergyCallback(MeteredCallback):
             for t, readings in self._sampler.latest_readings(self._names):
                 self._trace(t, readings)
             self._sampler.add_listener(self._trace)
+            self._sampler.await_coverage(self._names)  # the trace's first row comes before the fit's start mark
         self._log_dir = log_dir
         self._trainer, self._rank = trainer, trainer.global_rank
         self._step_total_key = "energy/total_J" if trainer.world_size == 1 else "energy/rank0_total_J"

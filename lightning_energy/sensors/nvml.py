@@ -9,6 +9,12 @@ What is read, in this order of preference (the sensor's ``reading`` and ``source
   ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1-s average on Ampere and newer parts
   (except GA100) and as instantaneous on older ones (``"1-s average power"`` / ``"instant power"``).
 
+Counter and power together (Ampere and newer, with the instant field): the counter gives the exact
+energy of each 100 ms update period but not where in it the work changed; the instant power, the mean
+over the ~25 ms the card's power sensor observes in each period (``shape_window_s``), says which power
+held on which side of a step boundary. The sampler passes it (``shape_power_field``) to the series,
+which shares each period's exact energy out by it (``lightning_energy.series``).
+
 At each sample the telemetry of the GPU power study is recorded where the card exposes it: utilisation,
 memory utilisation, SM and memory clocks, power state, power (same field as above), temperature and
 PCIe TX/RX throughput.
@@ -35,6 +41,9 @@ from typing import Any, Callable, Iterator
 from lightning_energy.sensors.base import Sensor
 
 NVML_COUNTER_UPDATE_PERIOD_S = 0.1  # the total-energy counter advances about every 100 ms
+# A100/H100 (Ampere and newer): the power sensor observes only ~25 ms of each 100 ms period; the instant
+# power is the mean over that window, refreshed with the counter (taken here as the 25 ms before the update)
+NVML_OBSERVED_WINDOW_S = 0.025
 PCIE_READ_INTERVAL_S = 1.0  # each PCIe throughput query blocks ~20 ms in the driver: read it at most 1 Hz
 J_PER_MJ = 1e-3  # joules per millijoule: nvmlDeviceGetTotalEnergyConsumption counts mJ
 W_PER_MW = 1e-3  # watts per milliwatt: nvmlDeviceGetPowerUsage and NVML_FI_DEV_POWER_INSTANT report mW
@@ -406,6 +415,10 @@ class NvmlGpuSensor(Sensor):
         self._telemetry: dict[str, Callable[[], dict[str, float]]] = {}
         self._last_pcie_read = -float("inf")
         self._pcie_supported: bool | None = None  # None: not tried yet (tried on the sampling thread)
+        # counter + instant power (set when opened, see the module docstring): the telemetry field and the
+        # window (s) before each counter update that the power reading averages
+        self.shape_power_field: str | None = None
+        self.shape_window_s: float | None = None
 
     @property
     def kind(self) -> str:
@@ -469,6 +482,10 @@ class NvmlGpuSensor(Sensor):
             how = "nvmlDeviceGetTotalEnergyConsumption (energy counter, mJ, updated every ~0.1 s)"
         self.source = f"NVML {how} on GPU {self.nvml_index} ({gpu_name})"
         self._telemetry = self._supported_telemetry()
+        self.shape_power_field = self.shape_window_s = None
+        if self._mode == "energy" and self._instant_field and "power_W" in self._telemetry and self._observes_windows():
+            self.shape_power_field, self.shape_window_s = "power_W", NVML_OBSERVED_WINDOW_S
+            self.source += f", shaped by the instant power ({NVML_OBSERVED_WINDOW_S * 1000:g} ms windows)"
 
     def close(self) -> None:
         """Release the GPU and NVML (the ``nvmlShutdown`` that pairs with :meth:`open`'s ``nvmlInit``)."""
@@ -516,17 +533,26 @@ class NvmlGpuSensor(Sensor):
             return False
         return value.nvmlReturn == NVML_SUCCESS
 
-    def _power_usage_is_average(self) -> bool:
-        """Whether ``nvmlDeviceGetPowerUsage`` is a 1-s average: Ampere and newer, or unknown architecture."""
+    def _architecture(self) -> int | None:
+        """``nvmlDeviceGetArchitecture`` (None where NVML or the GPU does not say)."""
         nvml = self._nvml
         if not hasattr(nvml, "nvmlDeviceGetArchitecture"):
-            return True
+            return None
         try:
             with nvml_errors(nvml, f"nvmlDeviceGetArchitecture on NVML GPU {self.nvml_index}"):
-                architecture = nvml.nvmlDeviceGetArchitecture(self._handle)
+                return nvml.nvmlDeviceGetArchitecture(self._handle)
         except NvmlNotSupportedError:
-            return True
-        return architecture >= NVML_DEVICE_ARCH_AMPERE
+            return None
+
+    def _observes_windows(self) -> bool:
+        """Whether the power sensor works in observed windows, one per counter period (Ampere and newer)."""
+        architecture = self._architecture()
+        return architecture is not None and architecture >= NVML_DEVICE_ARCH_AMPERE
+
+    def _power_usage_is_average(self) -> bool:
+        """Whether ``nvmlDeviceGetPowerUsage`` is a 1-s average: Ampere and newer, or unknown architecture."""
+        architecture = self._architecture()
+        return architecture is None or architecture >= NVML_DEVICE_ARCH_AMPERE
 
     def read_fields(self) -> dict[str, float]:
         """Telemetry; a query NVML fails this time reads NaN (the sensor's energy is unaffected)."""
