@@ -216,18 +216,6 @@ class Sampler:
         with self._lock:
             self._listeners.append(listener)
 
-    def latest_readings(self, names: list[str]) -> list[tuple[float, list[Reading]]]:
-        """The last point (time s, cumulative J) of each live sensor of ``names`` as readings, grouped by time
-        and in time order: what a listener added now has missed (a trace starts with them, so that it covers
-        the marks taken before its first own sample)."""
-        by_time: dict[float, list[Reading]] = {}
-        with self._lock:
-            for name in names:
-                s = self.series.get(name)
-                if s is not None and s.live and s.times:
-                    by_time.setdefault(s.times[-1], []).append(Reading(name, s.energies[-1], s.power_w, s.fields))
-        return sorted(by_time.items(), key=lambda item: item[0])
-
     def remove_listener(self, listener) -> None:
         with self._lock:
             if listener in self._listeners:

@@ -2,10 +2,9 @@
 
 Two files in the log dir: ``energy_trace.csv`` (one row per sample: ``time_s`` since the trace
 started, ``unix_time_s``, and per sensor ``<name>:energy_J`` (cumulative, blank between counter
-updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``; the first row holds the
-sensors' points read before the trace began) and ``energy_events.csv`` (``time_s, unix_time_s, event,
-epoch, step`` and per sensor ``<name>:energy_J``: the cumulative energy the meter resolved at the event's
-mark, for the fit's start and end). Both are written under a ``.partial`` name and renamed
+updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``) and ``energy_events.csv``
+(``time_s, unix_time_s, event, epoch, step`` and per sensor ``<name>:energy_J``: the cumulative energy the
+meter resolved at the event's mark, for the fit's start and end). Both are written under a ``.partial`` name and renamed
 when the trace closes. Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off the training
 thread. A fault under the trace (a full disk, a read-only log dir) never reaches training: it is one line
 in ``TraceWriter.problems`` and the report's trace entry should then say the trace is missing.

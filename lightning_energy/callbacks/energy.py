@@ -186,10 +186,6 @@ class EnergyCallback(MeteredCallback):
             if stage == "fit" and self._fits > 1:
                 suffix += f"_fit{self._fits}"
             self._trace = TraceWriter(log_dir, self._names, suffix, warn=False)
-            # the sensors' first points were read at attach, before this listener: the trace starts with
-            # them, so that it covers the fit's start (else the reader extrapolates up to the first sample)
-            for t, readings in self._sampler.latest_readings(self._names):
-                self._trace(t, readings)
             self._sampler.add_listener(self._trace)
             self._sampler.await_coverage(self._names)  # the trace's first row comes before the fit's start mark
         self._log_dir = log_dir
