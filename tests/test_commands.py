@@ -92,7 +92,8 @@ def test_compare_and_report_of_real_energy_callback_runs(tmp_path, capsys):
     for key, run_dir in zip(("32", "64"), runs):
         group = result["groups"][key]
         t = np.array(group["time_s"])
-        np.testing.assert_allclose(group["curve_power_W_mean"], 150.0, rtol=1e-9)
+        # power derived from energy over grid intervals of >= 0.125 s whose edges are written to 1 us
+        np.testing.assert_allclose(group["curve_power_W_mean"], 150.0, rtol=2e-6 / 0.125)
         np.testing.assert_allclose(group["curve_energy_J_mean"], 150.0 * t, rtol=1e-5, atol=1e-4)  # 1 us times
     for name in ("compare_power.png", "compare_energy.png"):
         assert (tmp_path / "cmp" / name).read_bytes().startswith(PNG_MAGIC)
