@@ -106,7 +106,10 @@ def run(
     print(f"compression ratio (whole file, latent {latent_dtype}): {result.ratio:.3f}")
     print(f"reconstruction error: val/loss {val_loss:.4f} (Baler's per-batch loss), "
           f"mean normalised RMS {summary['mean_norm_rms']:.4f}")
-    print(f"energy: {report['total_J']:.1f} J for the whole fit (breakdown in the report above: {energy.report_path})")
+    from lightning_energy.provenance import of_report, tagged  # measured / estimated / simulated
+
+    print(f"energy: {tagged(format(report['total_J'], '.1f') + ' J', of_report(report))} for the whole fit "
+          f"(breakdown in the report above: {energy.report_path})")
     print(f"TensorBoard: tensorboard --logdir {out}")
     print(f"demo finished in {time.perf_counter() - start:.1f} s")
     return {

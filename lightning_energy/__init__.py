@@ -1,34 +1,67 @@
 """lightning-energy: energy, power, time and CO2 of PyTorch Lightning training, per step and epoch.
 
-``Trainer(callbacks=[EnergyCallback()])`` is all a user needs. Nothing here prints on import; zeus and
-codecarbon are imported only by the functions that need them.
+``Trainer(callbacks=[EnergyCallback()])`` is all a user needs. Nothing here prints on import, and nothing
+heavy is imported until it is used: the public names below are loaded on first access (module
+``__getattr__``), so ``lightning-energy --help`` and the offline commands start without Lightning or torch.
+zeus and codecarbon are imported only by the functions that need them.
 """
 
-from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
-from lightning_energy.callbacks.batch_size import BatchSizeSearch
-from lightning_energy.callbacks.bso import ZeusBatchSizeOptimizer
-from lightning_energy.callbacks.carbon import CarbonCallback
-from lightning_energy.callbacks.catalog import CatalogCallback
-from lightning_energy.callbacks.energy import EnergyCallback
-from lightning_energy.callbacks.eta import EnergyToAccuracy
-from lightning_energy.callbacks.flops import FlopsCallback
-from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.callbacks.forecast import ForecastCallback
-from lightning_energy.callbacks.precision import PrecisionSwitch
-from lightning_energy.callbacks.prediction import EnergyPredictionCheck
-from lightning_energy.callbacks.profiler import EnergyProfiler
-from lightning_energy.carbon import intensity_from_mix
-from lightning_energy.meter import Measurement, Meter
-from lightning_energy.precision import SwitchablePrecision
-from lightning_energy.prediction import estimate_energy
-from lightning_energy.sampler import Sampler, get_sampler
-from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor
+from __future__ import annotations
 
-__all__ = [
-    "EnergyCallback", "Sensor", "SimulatedSensor", "CpuEstimateSensor", "NvmlGpuSensor", "RaplSensor",
-    "Measurement", "Meter", "Sampler", "get_sampler",
-    "CarbonCallback", "ForecastCallback", "CatalogCallback", "BatchSampleEstimate", "intensity_from_mix",
-    "EnergyProfiler", "FlopsCallback", "EnergyPredictionCheck", "estimate_energy",
-    "PrecisionSwitch", "SwitchablePrecision",
-    "PowerLimitOptimizer", "BatchSizeSearch", "ZeusBatchSizeOptimizer", "EnergyToAccuracy",
-]
+from typing import TYPE_CHECKING
+
+from lightning_energy.lazy import lazy_names
+
+# public name -> the module that defines it
+_PUBLIC: dict[str, str] = {
+    "EnergyCallback": "lightning_energy.callbacks.energy",
+    "CarbonCallback": "lightning_energy.callbacks.carbon",
+    "ForecastCallback": "lightning_energy.callbacks.forecast",
+    "CatalogCallback": "lightning_energy.callbacks.catalog",
+    "BatchSampleEstimate": "lightning_energy.callbacks.batch_sample",
+    "EnergyProfiler": "lightning_energy.callbacks.profiler",
+    "FlopsCallback": "lightning_energy.callbacks.flops",
+    "EnergyPredictionCheck": "lightning_energy.callbacks.prediction",
+    "PrecisionSwitch": "lightning_energy.callbacks.precision",
+    "PowerLimitOptimizer": "lightning_energy.callbacks.power_limit",
+    "BatchSizeSearch": "lightning_energy.callbacks.batch_size",
+    "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.bso",
+    "EnergyToAccuracy": "lightning_energy.callbacks.eta",
+    "Sensor": "lightning_energy.sensors.base",
+    "SimulatedSensor": "lightning_energy.sensors.simulated",
+    "CpuEstimateSensor": "lightning_energy.sensors.estimate",
+    "NvmlGpuSensor": "lightning_energy.sensors.nvml",
+    "RaplSensor": "lightning_energy.sensors.rapl",
+    "Measurement": "lightning_energy.meter",
+    "Meter": "lightning_energy.meter",
+    "Sampler": "lightning_energy.sampler",
+    "get_sampler": "lightning_energy.sampler",
+    "intensity_from_mix": "lightning_energy.carbon",
+    "estimate_energy": "lightning_energy.prediction",
+    "SwitchablePrecision": "lightning_energy.precision",
+}
+
+__all__ = list(_PUBLIC)
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
+    from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
+    from lightning_energy.callbacks.batch_size import BatchSizeSearch
+    from lightning_energy.callbacks.bso import ZeusBatchSizeOptimizer
+    from lightning_energy.callbacks.carbon import CarbonCallback
+    from lightning_energy.callbacks.catalog import CatalogCallback
+    from lightning_energy.callbacks.energy import EnergyCallback
+    from lightning_energy.callbacks.eta import EnergyToAccuracy
+    from lightning_energy.callbacks.flops import FlopsCallback
+    from lightning_energy.callbacks.forecast import ForecastCallback
+    from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
+    from lightning_energy.callbacks.precision import PrecisionSwitch
+    from lightning_energy.callbacks.prediction import EnergyPredictionCheck
+    from lightning_energy.callbacks.profiler import EnergyProfiler
+    from lightning_energy.carbon import intensity_from_mix
+    from lightning_energy.meter import Measurement, Meter
+    from lightning_energy.precision import SwitchablePrecision
+    from lightning_energy.prediction import estimate_energy
+    from lightning_energy.sampler import Sampler, get_sampler
+    from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor

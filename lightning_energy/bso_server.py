@@ -19,7 +19,6 @@ plain script. ``--check`` only tells whether this environment can run the server
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import io
 import os
@@ -94,6 +93,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.check:
         print("ok: Zeus's BSO server can run here")
         return 0
+    import asyncio  # here, not at the top: `lightning-energy --help` need not load it
+
     asyncio.run(create_tables(base, sessionmanager))
     print(f"Zeus BSO server on http://{args.host}:{args.port} with database {url}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

@@ -24,8 +24,12 @@ import time
 from contextlib import closing, contextmanager
 from pathlib import Path
 
+from lightning_energy.provenance import of_entry, of_report
+
+RUN_ATTRIBUTES_FILE = "run_attributes.json"  # a fit's attributes in its log dir (CatalogCallback, sweep)
 CATALOG_FILE = "energy_catalog.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: fits and fit_sensors carry `provenance` (measured / estimated / simulated)
+READABLE_VERSIONS = (1, SCHEMA_VERSION)  # a version-1 catalog is read as is and upgraded on the next write
 BUSY_TIMEOUT_S = 60.0
 
 # (column, SQL type) of the fits table after the id; the record dict uses the same keys.
@@ -43,6 +47,7 @@ FIT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("duration_s", "REAL"),
     ("energy_J", "REAL"),
     ("estimated", "INTEGER"),
+    ("provenance", "TEXT"),  # of energy_J: measured, estimated, simulated or a mix (lightning_energy.provenance)
     ("gCO2e", "REAL"),
     ("intensity_g_per_kWh", "REAL"),
     ("intensity_label", "TEXT"),
@@ -52,7 +57,7 @@ FIT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("config", "TEXT"),  # JSON object
 )
 JSON_COLUMNS = ("metrics", "config")
-SENSOR_COLUMNS = ("rank", "sensor", "scope", "estimated", "source", "energy_J")
+SENSOR_COLUMNS = ("rank", "sensor", "scope", "estimated", "provenance", "source", "energy_J")
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS fits (
@@ -65,10 +70,18 @@ CREATE TABLE IF NOT EXISTS fit_sensors (
     sensor TEXT NOT NULL,
     scope TEXT,
     estimated INTEGER,
+    provenance TEXT,
     source TEXT,
     energy_J REAL NOT NULL,
     PRIMARY KEY (fit_id, rank, sensor)
 );
+"""
+# version 1 -> 2: the provenance columns; rows written before say estimated or measured, as they were labelled
+_UPGRADE_FROM_1 = """
+ALTER TABLE fits ADD COLUMN provenance TEXT;
+ALTER TABLE fit_sensors ADD COLUMN provenance TEXT;
+UPDATE fits SET provenance = CASE WHEN estimated THEN 'estimated' ELSE 'measured' END;
+UPDATE fit_sensors SET provenance = CASE WHEN estimated THEN 'estimated' ELSE 'measured' END
 """
 
 
@@ -137,7 +150,7 @@ class Catalog:
             try:
                 if create:
                     _retry_while_locked(lambda: self._create(conn), timeout_s)
-                elif conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                elif conn.execute("PRAGMA user_version").fetchone()[0] not in READABLE_VERSIONS:
                     raise CatalogError(f"{self.path} is not a lightning-energy run catalog (schema version differs)")
             except sqlite3.OperationalError:
                 raise
@@ -155,12 +168,13 @@ class Catalog:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == SCHEMA_VERSION:
             return
-        if version not in (0, SCHEMA_VERSION):
+        if version not in (0, *READABLE_VERSIONS):
             raise CatalogError(f"run catalog schema version {version} is not supported (expected {SCHEMA_VERSION})")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
-                for statement in _SCHEMA.split(";"):
+            version = conn.execute("PRAGMA user_version").fetchone()[0]  # another writer may have moved it
+            if version != SCHEMA_VERSION:
+                for statement in (_SCHEMA if version == 0 else _UPGRADE_FROM_1).split(";"):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -188,6 +202,8 @@ class Catalog:
             value = record.get(name)
             if name == "created_unix_s" and value is None:
                 value = time.time()
+            if name == "provenance":
+                value = of_report(record)
             if name in JSON_COLUMNS:
                 value = json.dumps(value if value is not None else {}, sort_keys=True, default=str)
             elif isinstance(value, bool):
@@ -202,10 +218,10 @@ class Catalog:
             try:
                 fit_id = conn.execute(f"INSERT INTO fits ({names}) VALUES ({marks})", values).lastrowid
                 conn.executemany(
-                    "INSERT INTO fit_sensors (fit_id, rank, sensor, scope, estimated, source, energy_J) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO fit_sensors (fit_id, rank, sensor, scope, estimated, provenance, source, energy_J) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     [(fit_id, int(s.get("rank", 0)), s["name"], s.get("scope"), int(bool(s.get("estimated"))),
-                      s.get("source"), float(s["energy_J"])) for s in record.get("sensors", [])],
+                      of_entry(s), s.get("source"), float(s["energy_J"])) for s in record.get("sensors", [])],
                 )
                 conn.execute("COMMIT")
             except BaseException:
@@ -228,7 +244,7 @@ class Catalog:
             fit = _fit_row(row)
             fit["sensors"] = [
                 {"rank": s["rank"], "name": s["sensor"], "scope": s["scope"], "estimated": bool(s["estimated"]),
-                 "source": s["source"], "energy_J": s["energy_J"]}
+                 "provenance": of_entry(dict(s)), "source": s["source"], "energy_J": s["energy_J"]}
                 for s in conn.execute("SELECT * FROM fit_sensors WHERE fit_id = ? ORDER BY rank, sensor", (fit_id,))
             ]
         return fit
@@ -315,6 +331,7 @@ def _fit_row(row: sqlite3.Row) -> dict:
     for name in JSON_COLUMNS:
         fit[name] = json.loads(fit[name]) if fit[name] else {}
     fit["estimated"] = bool(fit["estimated"]) if fit["estimated"] is not None else None
+    fit["provenance"] = of_report({"provenance": fit.get("provenance"), "estimated": fit["estimated"]})
     return fit
 
 

@@ -2,12 +2,16 @@
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Errors a user can fix raise :class:`CommandError`; they are printed as one line on stderr with exit 2.
+Start-up stays light (no Lightning, torch or matplotlib until a command needs them): the package's public
+names load lazily and each command imports its heavy modules inside ``run``. Output piped into a reader
+that stops early (``| head``) ends the command quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lightning_energy.commands import CommandError  # defined apart so `python -m` runs catch it too
@@ -43,6 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as err:
         print(f"lightning-energy {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """stdout's reader closed the pipe (``| head``): no traceback, and nothing more written at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's final flush of stdout would raise again
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in tests)
+        pass
+    return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe ended
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prin
 
 from lightning.pytorch import Callback
 
+from lightning_energy.provenance import SIMULATED
 from lightning_energy.sensors.base import Sensor
 
 MILLI = 1000  # mW per W, mJ per J
@@ -366,6 +367,8 @@ class SimulatedGpuSensor(Sensor):
     Give the GPU object, or its ``gpu_index`` (looked up when the sensor opens, so a LightningCLI config
     can name the same card in two places).
     """
+
+    provenance = SIMULATED  # a modelled card's counter: its joules are simulated, not measured
 
     def __init__(self, gpu_index: int = 0, gpu: SimulatedGPU | None = None, name: str | None = None) -> None:
         index = gpu.gpu_index if gpu is not None else gpu_index

@@ -35,12 +35,22 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
     Raises ``OSError`` (the target untouched, no temporary file left) when that fails.
     """
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, content: bytes) -> Path:
+    """Write ``content`` to ``path`` through a temporary file in the same folder and an atomic rename.
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (0o644 under the usual umask 022),
+    not the temporary file's private 0o600. Raises ``OSError`` (the target untouched, no temporary file
+    left) when that fails.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
             fh.flush()
             fsync(fh.fileno())
             os.chmod(tmp, _target_mode(path))

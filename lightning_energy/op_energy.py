@@ -61,7 +61,6 @@ import io
 import json
 import math
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_energy.io import atomic_write_bytes
 from lightning_energy.sampler import Reading
 
 SYNC_MARKER = "lightning_energy::clock_sync"
@@ -635,16 +635,5 @@ def read_chrome_trace(path: str | os.PathLike) -> dict:
 def write_chrome_trace(path: str | os.PathLike, trace: dict) -> Path:
     """Rewrite a (possibly gzipped) trace atomically: temporary file in the same folder, then rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            if path.suffix == ".gz":
-                with gzip.GzipFile(fileobj=raw, mode="wb") as fh:
-                    fh.write(json.dumps(trace).encode())
-            else:
-                raw.write(json.dumps(trace).encode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    content = json.dumps(trace).encode()
+    return atomic_write_bytes(path, gzip.compress(content) if path.suffix == ".gz" else content)

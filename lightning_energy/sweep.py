@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from lightning_energy.provenance import of_report
+
 AXES = ("precision", "batch_size", "power_limit_W")
 TOP_LEVEL_KEYS = {"name", "output_dir", "seed", "repetitions", "model", "data", "grid", "sensors", "trainer",
                   "energy", "carbon", "cern_batches"}
@@ -498,7 +500,8 @@ def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int,
         "run": name, "run_dir": str(trainer.log_dir), "order": order_index, "repetition": repetition, **point,
         "epochs": len(report["epochs"]), "batches": sample.batches, "duration_s": report["duration_s"],
         "energy_J": report["total_J"], "train_J": report["train_J"], "edp_Js": report["edp_Js"], **per_step,
-        "estimated": report["estimated"], "gCO2e": catalog.record["gCO2e"], "catalog_id": catalog.record_id,
+        "estimated": report["estimated"], "provenance": of_report(report), "gCO2e": catalog.record["gCO2e"],
+        "catalog_id": catalog.record_id,
         "cern_batch_J": sample.batch_J_mean, "cern_sampled": sample.sampled,
         "cern_estimate_J": sample.estimate_J,
         "cern_vs_train": sample.estimate_J / report["train_J"] if sample.estimate_J and report["train_J"] else None,

@@ -14,6 +14,7 @@ import re
 import time
 
 from lightning_energy.output_worker import DEFAULT_CLOSE_TIMEOUT_S, OutputWorker, describe_error
+from lightning_energy.provenance import UNKNOWN, combine, word
 from lightning_energy.sampler import Reading
 
 MAX_FIGURE_POINTS = 4000  # per epoch; older points are thinned by half when exceeded
@@ -73,6 +74,8 @@ class TensorBoardExtras:
         self._last_flush = -math.inf
         self.figure_s = 0.0  # seconds spent drawing and writing figures (worker thread)
         self._first_epoch_end: float | None = None
+        # sensor name -> "measured" / "estimated" / "simulated": the power figure labels each curve with it
+        self.sensor_provenance: dict[str, str] = {}
         self._broken: set[int] = set()  # id() of writers that failed: left alone from then on
         self._hooks: list[tuple[object, object]] = []  # (writer, our close wrapper)
         self._closed = False
@@ -164,7 +167,7 @@ class TensorBoardExtras:
             return
         started = time.perf_counter()
         try:
-            figure = power_figure(points, epoch)
+            figure = power_figure(points, epoch, self.sensor_provenance)
             image = figure_image(figure)
             self._each_writer(f"adding the epoch {epoch} power figure",
                               lambda w: w.add_image(FIGURE_TAG, image, global_step=epoch, dataformats="HWC"))
@@ -217,14 +220,16 @@ def custom_scalars_layout(loss_tags: list[str]) -> dict:
     }
 
 
-def power_figure(points, epoch: int):
+def power_figure(points, epoch: int, sensor_provenance: dict[str, str] | None = None):
     """Power of each sensor (W) over the epoch's seconds: a ``matplotlib.figure.Figure`` on an Agg canvas.
 
-    Built without pyplot (no global figure manager, no GUI backend), so any thread may draw it.
+    Each curve and the title say where the joules come from (``sensor_provenance``: sensor name ->
+    measured / estimated / simulated; a sensor missing there is "provenance unknown"). Built without pyplot (no global figure manager, no GUI backend), so any thread may draw it.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    provenance = sensor_provenance or {}
     t0 = points[0][0]
     names = sorted({name for _, powers in points for name in powers})
     figure = Figure(figsize=(7, 3.2))
@@ -233,10 +238,11 @@ def power_figure(points, epoch: int):
     for name in names:
         xs = [t - t0 for t, p in points if name in p]
         ys = [p[name] for _, p in points if name in p]
-        axes.plot(xs, ys, label=name, linewidth=1)
+        axes.plot(xs, ys, label=f"{name} ({word(provenance.get(name, UNKNOWN))})", linewidth=1)
     axes.set_xlabel("seconds since epoch start")
     axes.set_ylabel("power (W)")
-    axes.set_title(f"epoch {epoch} power")
+    overall = combine(provenance.get(name, UNKNOWN) for name in names)
+    axes.set_title(f"epoch {epoch} power, {word(overall)}")
     if names:
         axes.legend(loc="best", fontsize="small")
     figure.tight_layout()

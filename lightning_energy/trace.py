@@ -3,7 +3,8 @@
 Two files in the log dir: ``energy_trace.csv`` (one row per sample: ``time_s`` since the trace
 started, ``unix_time_s``, and per sensor ``<name>:energy_J`` (cumulative, blank between counter
 updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``) and ``energy_events.csv``
-(``time_s, unix_time_s, event, epoch, step``). Both are written under a ``.partial`` name and renamed
+(``time_s, unix_time_s, event, epoch, step`` and per sensor ``<name>:energy_J``: the cumulative energy the
+meter resolved at the event's mark, for the fit's start and end). Both are written under a ``.partial`` name and renamed
 when the trace closes. Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off the training
 thread. A fault under the trace (a full disk, a read-only log dir) never reaches training: it is one line
 in ``TraceWriter.problems`` and the report's trace entry should then say the trace is missing.
@@ -18,10 +19,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightning_energy.io import fsync
 from lightning_energy.output_worker import ProblemLog, describe_error
-from lightning_energy.sampler import Reading
+
+if TYPE_CHECKING:  # the offline reader (read_trace) should not load the sampler
+    from lightning_energy.sampler import Reading
 
 FLUSH_EVERY_ROWS = 256
 TRACE_FILE = "energy_trace.csv"
@@ -61,7 +65,9 @@ class TraceWriter:
             self._events_file = open(self._partial(self.events_path), "w", newline="")
             self._trace = csv.writer(self._trace_file)
             self._events = csv.writer(self._events_file)
-            self._events.writerow(["time_s", "unix_time_s", "event", "epoch", "step"])
+            # per sensor, the cumulative J the meter resolved at the event's mark (where the event has one)
+            self._events.writerow(["time_s", "unix_time_s", "event", "epoch", "step"]
+                                  + [f"{name}:energy_J" for name in self.sensor_names])
         except OSError as err:
             self._abandon("could not be created", err)
 
@@ -74,10 +80,16 @@ class TraceWriter:
     def _partial(path: Path) -> Path:
         return path.with_name(path.name + ".partial")
 
-    def event(self, name: str, t: float, epoch: int | None = None, step: int | None = None) -> None:
-        """Record an event at sampler time ``t`` (any thread; written by the sampling thread)."""
+    def event(self, name: str, t: float, epoch: int | None = None, step: int | None = None, mark=None) -> None:
+        """Record an event at sampler time ``t`` (any thread; written by the sampling thread).
+
+        ``mark``: the meter's :class:`~lightning_energy.meter.Mark` at ``t``. The event is then written once
+        the meter has resolved it (later events wait, so the file keeps their order), with the cumulative
+        energy per sensor the meter found there: a reader of the files gets the meter's own figure for a
+        window between two such events (the fit), not a re-interpolation of the samples.
+        """
         if not self.failed:
-            self._pending_events.append((name, t, epoch, step))
+            self._pending_events.append((name, t, epoch, step, mark))
 
     def __call__(self, t: float, readings: list[Reading]) -> None:
         if self.closed:
@@ -123,12 +135,17 @@ class TraceWriter:
         self._trace.writerow(["time_s", "unix_time_s"] + [f"{n}:{f}" for n, f in columns])
         return columns
 
-    def _write_events(self) -> None:
+    def _write_events(self, final: bool = False) -> None:
         while self._pending_events:
-            name, t, epoch, step = self._pending_events.popleft()
+            name, t, epoch, step, mark = self._pending_events[0]
+            if mark is not None and not mark.resolved and not final:
+                return  # its energy is not known yet: written at a later sample (or at close, without it)
+            self._pending_events.popleft()
+            energy = (mark.energy or {}) if mark is not None else {}
             self._events.writerow([
                 f"{t - self.origin_perf:.6f}", f"{self.origin_unix + t - self.origin_perf:.6f}", name,
                 "" if epoch is None else epoch, "" if step is None else step,
+                *(_fmt(energy.get(sensor)) for sensor in self.sensor_names),
             ])
 
     def _abandon(self, what: str, err: BaseException) -> None:
@@ -162,7 +179,7 @@ class TraceWriter:
                 if self._columns is None:
                     self._header({})
                     self._columns = []
-                self._write_events()
+                self._write_events(final=True)
                 for handle in (self._trace_file, self._events_file):
                     handle.flush()
                     fsync(handle.fileno())

@@ -10,7 +10,7 @@ import pytest
 
 from lightning_energy.analysis.compare import compare_runs
 from lightning_energy.analysis.fit import quadratic_fit
-from lightning_energy.analysis.resample import even_grid, mean_std, pad_and_mask, resample
+from lightning_energy.analysis.resample import even_grid, mean_std, pad_and_mask, resample, resample_power
 from lightning_energy.analysis.runs import RunError, attribute, load_run
 from workbench_helpers import write_run
 
@@ -25,29 +25,75 @@ def test_even_grid_at_4_hz_includes_the_end_when_it_falls_on_the_grid():
         even_grid(1.0, rate_hz=0)
 
 
-def test_cubic_resampling_reproduces_a_quadratic_on_uneven_samples():
+def test_linear_resampling_goes_through_the_samples_and_keeps_a_monotone_series_monotone():
     t = [0.0, 0.3, 0.7, 1.1, 1.6, 2.0]
-    grid, values = resample(t, [x**2 for x in t])  # 4 Hz, cubic
+    grid, values = resample(t, [x**2 for x in t])  # 4 Hz
     assert grid.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
-    np.testing.assert_allclose(values, grid**2, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(values, np.interp(grid, t, [x**2 for x in t]), rtol=0, atol=1e-12)
+    assert np.all(np.diff(values) >= 0)
 
 
 def test_resampling_window_is_relative_to_its_start():
     t = [0.0, 0.3, 0.7, 1.1, 1.6, 2.0]
     grid, values = resample(t, [x**2 for x in t], start_s=0.3, end_s=1.6)
     assert grid.tolist() == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
-    np.testing.assert_allclose(values, (0.3 + grid) ** 2, atol=1e-12)
+    np.testing.assert_allclose(values, np.interp(0.3 + grid, t, [x**2 for x in t]), atol=1e-12)
 
 
-def test_few_points_fall_back_to_linear_and_nan_samples_are_dropped():
-    grid, values = resample([0.0, 1.0, 2.0], [0.0, 1.0, 4.0], rate_hz=2.0)
-    assert values.tolist() == [0.0, 0.5, 1.0, 2.5, 4.0]  # linear between the three points
-    grid, values = resample([0.0, 0.5, 1.0, 1.5, 2.0], [0.0, math.nan, 1.0, 1.5, 2.0], rate_hz=1.0, kind="linear")
+def test_nan_samples_are_dropped_and_bad_windows_refused():
+    grid, values = resample([0.0, 0.5, 1.0, 1.5, 2.0], [0.0, math.nan, 1.0, 1.5, 2.0], rate_hz=1.0)
     assert values.tolist() == [0.0, 1.0, 2.0]
     with pytest.raises(ValueError, match="at least 2"):
         resample([0.0], [1.0])
     with pytest.raises(ValueError, match="outside"):
         resample([0.0, 1.0], [0.0, 1.0], end_s=2.0)
+
+
+def spiky_samples(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A sensor reading 8.5 or 85 W at random, every 1-3 ms for 3 s (the issue's trace), and its
+    cumulative energy by the trapezoid rule: (time s, power W, energy J)."""
+    rng = np.random.default_rng(seed)
+    t = np.concatenate(([0.0], np.cumsum(rng.uniform(0.001, 0.003, 1500))))
+    power = rng.choice([8.5, 85.0], size=len(t))
+    energy = np.concatenate(([0.0], np.cumsum(np.diff(t) * (power[1:] + power[:-1]) / 2)))
+    return t, power, energy
+
+
+def test_power_from_resampled_energy_never_leaves_the_samples_range_and_keeps_the_energy():
+    t, power, energy = spiky_samples()
+    grid, resampled = resample_power(t, energy, rate_hz=4.0, start_s=0.0, end_s=2.9)
+    assert resampled.min() >= 8.5 - 1e-9 and resampled.max() <= 85.0 + 1e-9
+    # the mean power over the centred grid intervals: their energies add up to the energy between the outer edges
+    edges = np.clip(np.concatenate((grid - 0.125, [grid[-1] + 0.125])), 0.0, 2.9)
+    assert np.sum(resampled * np.diff(edges)) == pytest.approx(np.interp(edges[-1], t, energy), rel=1e-12)
+    _, at_500_hz = resample_power(t, energy, rate_hz=500.0)  # finer than the samples: still within range
+    assert at_500_hz.min() >= 8.5 - 1e-9 and at_500_hz.max() <= 85.0 + 1e-9
+
+
+def test_compare_plots_only_powers_within_the_samples_range(tmp_path):
+    from lightning_energy.analysis.plots import band_plot
+
+    runs = []
+    for seed in range(3):
+        t, power, energy = spiky_samples(seed)
+        folder = tmp_path / f"run{seed}"
+        folder.mkdir()
+        rows = ["time_s,unix_time_s,cpu:energy_J,cpu:power_W"]
+        rows += [f"{a:.6f},{1.7e9 + a:.6f},{e:.10g},{p:g}" for a, p, e in zip(t, power, energy)]
+        (folder / "energy_trace.csv").write_text("\n".join(rows) + "\n")
+        (folder / "energy_events.csv").write_text(
+            f"time_s,unix_time_s,event,epoch,step\n0.001,{1.7e9 + 0.001},fit_start,,\n"
+            f"{t[-1] - 0.001:.6f},{1.7e9 + t[-1] - 0.001:.6f},fit_end,,\n")
+        runs.append(load_run(folder))
+    result = compare_runs(runs)
+    group = result["groups"]["all"]
+    for key in ("mean", "min", "max"):
+        assert 8.5 - 1e-9 <= min(group[f"curve_power_W_{key}"]) and max(group[f"curve_power_W_{key}"]) <= 85.0 + 1e-9
+    (ax,) = band_plot(result["groups"], "power_W", "power (W)", "power", result["provenance"]).axes
+    plotted = [line.get_ydata() for line in ax.get_lines()]
+    plotted += [path.vertices[:, 1] for band in ax.collections for path in band.get_paths()]
+    assert plotted and all(8.5 - 1e-9 <= np.min(y) and np.max(y) <= 85.0 + 1e-9 for y in plotted)
+    assert ax.get_title() == "power, provenance unknown"  # no energy_report.json says where the joules come from
 
 
 def test_padding_masks_the_shorter_runs_and_the_mean_uses_only_runs_still_going():
@@ -233,3 +279,52 @@ def test_a_trace_with_a_column_named_twice_is_read_by_its_first_copy(tmp_path):
 def test_runs_in_version_folders_are_named_with_their_parent(tmp_path):
     run = load_run(write_run(tmp_path / "fit_a" / "version_3", {"gpu": 1.0}, duration_s=1.0))
     assert run.name == "fit_a/version_3"
+
+
+# ---------------------------------------------------------------- provenance of the joules
+def test_provenance_combines_and_reads_older_files():
+    from lightning_energy.provenance import combine, of_entry, of_report, tagged
+
+    assert combine(["estimated", "measured", "estimated"]) == "measured+estimated"
+    assert combine(["simulated", "measured+estimated"]) == "measured+estimated+simulated"
+    assert of_entry({"estimated": True}) == "estimated" and of_entry({"estimated": False}) == "measured"
+    assert of_report({"sensors": [{"provenance": "simulated"}, {"estimated": True}]}) == "estimated+simulated"
+    assert tagged("5.0 J", "measured") == "5.0 J (measured)" and tagged("5.0 J", "simulated") == "5.0 J (SIMULATED)"
+    with pytest.raises(ValueError, match="unknown provenance"):
+        combine(["guessed"])
+
+
+def test_simulated_sensors_are_labelled_simulated_and_the_tensorboard_figure_says_so():
+    from lightning_energy import CpuEstimateSensor, SimulatedSensor
+    from lightning_energy.gpu_sim import SimulatedGpuSensor
+    from lightning_energy.tensorboard import power_figure
+
+    assert SimulatedSensor("gpu", 100.0).describe()["provenance"] == "simulated"
+    assert SimulatedGpuSensor(0).provenance == "simulated"
+    assert SimulatedSensor("cpu", 10.0, estimated=True).provenance == "estimated"  # a stand-in for an estimate
+    assert CpuEstimateSensor(tdp_w=10.0, load=lambda: 0.5).provenance == "estimated"
+    points = [(i * 0.01, {"gpu": 100.0, "cpu": 5.0}) for i in range(20)]
+    (ax,) = power_figure(points, 3, {"gpu": "simulated", "cpu": "estimated"}).axes
+    assert ax.get_title() == "epoch 3 power, ESTIMATED+SIMULATED"
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == ["cpu (ESTIMATED)", "gpu (SIMULATED)"]
+
+
+def test_compare_and_fit_say_where_the_joules_come_from(tmp_path, capsys):
+    from lightning_energy.cli import main
+
+    runs = []
+    for i, (batch, watts) in enumerate([(16, 100.0), (32, 80.0), (64, 70.0)]):
+        folder = write_run(tmp_path / f"run{i}", {"gpu": watts}, duration_s=4.0, dt_s=0.5,
+                           attributes={"batch_size": batch})
+        (folder / "energy_report.json").write_text(json.dumps(
+            {"sensors": [{"name": "gpu", "estimated": False, "provenance": "simulated"}]}))
+        runs.append(str(folder))
+    assert main(["compare", *runs, "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("SIMULATED") == 4  # three runs and their group
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["provenance"] == "simulated"
+    assert main(["fit", *runs, "--by", "batch_size", "--out", str(tmp_path / "fit")]) == 0
+    assert capsys.readouterr().out.count("SIMULATED") == 3
+    assert json.loads((tmp_path / "fit" / "fit.json").read_text())["provenance"] == "simulated"
+    assert main(["report", runs[0], "--out", str(tmp_path / "report")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "run run0: 4.00 s, 400.00 J (SIMULATED), mean 100.00 W, EDP 1600 J*s"

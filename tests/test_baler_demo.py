@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -22,6 +23,7 @@ def test_demo_runs_whole_chain_and_reports(tmp_path, capsys):
     out = capsys.readouterr().out
     for text in ("compression ratio", "reconstruction error", "energy:", "lightning-energy report"):
         assert text in out, text
+    assert re.search(r"^energy: [0-9.]+ J \((measured|[A-Z+]+)\) for the whole fit", out, re.M), out  # provenance
 
     with np.load(tmp_path / "data.npz", allow_pickle=False) as orig, np.load(tmp_path / "restored.npz") as rest:
         assert orig["data"].shape == rest["data"].shape == (3000, 24)

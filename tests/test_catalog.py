@@ -50,10 +50,12 @@ def test_round_trip(tmp_path):
     for key, value in expected.items():
         if key != "sensors":
             assert fit[key] == value, key
-    assert fit["sensors"] == expected["sensors"]
+    assert fit["sensors"] == [{**s, "provenance": "measured"} for s in expected["sensors"]]
+    assert fit["provenance"] == "measured"
     listed = catalog.list()
     assert [f["id"] for f in listed] == [1, 2]
     assert listed[1]["estimated"] is True and listed[1]["flops_per_step"] is None
+    assert listed[1]["provenance"] == "estimated"  # a record without sensors: from its `estimated` flag
     rows = list(csv.DictReader(io.StringIO(catalog.export_csv())))
     assert [r["model"] for r in rows] == ["pkg.Model", "pkg.Other"]
     assert rows[0]["energy_J:gpu0"] == "1200.0" and rows[1]["energy_J:gpu0"] == ""
@@ -302,3 +304,35 @@ def test_ddp_fit_is_recorded_once_with_both_ranks(tmp_path):
     forecast = json.loads(forecast_report.read_text())
     assert forecast["plan"]["total_batches"] == 20 and len(forecast["errors"]) == 1
     assert forecast["budget"]["stopped"] is True
+
+
+def test_a_version_1_catalog_is_read_and_upgraded_with_the_provenance_it_had(tmp_path, capsys):
+    import sqlite3
+
+    path = tmp_path / CATALOG_FILE
+    with sqlite3.connect(path) as conn:  # the schema before provenance, with one estimated fit
+        conn.executescript("""
+            CREATE TABLE fits (id INTEGER PRIMARY KEY AUTOINCREMENT, created_unix_s REAL NOT NULL, run_dir TEXT,
+                model TEXT NOT NULL, parameters INTEGER, flops_per_step REAL, hardware TEXT, precision TEXT,
+                batch_size INTEGER, steps INTEGER, epochs INTEGER, duration_s REAL, energy_J REAL, estimated INTEGER,
+                gCO2e REAL, intensity_g_per_kWh REAL, intensity_label TEXT, pue REAL, checkpoint_path TEXT,
+                metrics TEXT, config TEXT);
+            CREATE TABLE fit_sensors (fit_id INTEGER NOT NULL REFERENCES fits(id) ON DELETE CASCADE,
+                rank INTEGER NOT NULL, sensor TEXT NOT NULL, scope TEXT, estimated INTEGER, source TEXT,
+                energy_J REAL NOT NULL, PRIMARY KEY (fit_id, rank, sensor));
+            INSERT INTO fits (created_unix_s, model, energy_J, estimated, metrics, config)
+                VALUES (1.7e9, 'pkg.Old', 42.0, 1, '{}', '{}');
+            INSERT INTO fit_sensors VALUES (1, 0, 'cpu_estimate', 'host', 1, 'ESTIMATE', 42.0);
+            PRAGMA user_version = 1;
+        """)
+    catalog = Catalog(path)
+    assert catalog.list()[0]["provenance"] == "estimated"  # read as it is
+    assert main(["catalog", "list", "--catalog", str(path)]) == 0
+    assert "ESTIMATED" in capsys.readouterr().out
+    new_id = catalog.add(record(sensors=[{"name": "sim", "rank": 0, "scope": "device", "estimated": False,
+                                          "provenance": "simulated", "source": "simulated", "energy_J": 9.0}]))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert catalog.get(1)["sensors"][0]["provenance"] == "estimated"
+    assert catalog.get(new_id)["provenance"] == "simulated"
+    assert catalog.get(new_id)["sensors"][0]["provenance"] == "simulated"

@@ -66,10 +66,10 @@ def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
     assert b"energy/step_J" in layout.tensor_proto.string_val[0]
     assert b"energy/epoch_J" in layout.tensor_proto.string_val[0]
     assert b"train/loss" in layout.tensor_proto.string_val[0]
-    # step level and epoch ends, one process; epoch figures arrive a few steps after their end, so
+    # step level, epoch ends and fit end, one process; epoch figures arrive a few steps after their end, so
     # TensorBoard's step axis, not the order of writing, is what must rise
-    totals = [e.value for e in sorted(acc.Scalars("energy/total_J"), key=lambda e: e.step)]
-    assert len(totals) == 10 + 2 and totals == sorted(totals)
+    totals = [e.value for e in sorted(acc.Scalars("energy/total_J"), key=lambda e: (e.step, e.wall_time))]
+    assert len(totals) == 10 + 2 + 1 and totals == sorted(totals)
     assert "energy/rank0_total_J" not in tags  # the rank-local figure is for DDP only
 
 
@@ -96,11 +96,11 @@ def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
     assert report["total_J"] == pytest.approx((DEVICE_W + HOST_W) * report["duration_s"], rel=1e-9)
     assert report["train_J"] == pytest.approx(sum(r["train_J"] for r in epochs), rel=1e-12)
     assert report["train_J"] + report["validation_J"] < report["total_J"]
-    assert report["estimated"] is False and report["estimated_J"] == 0
+    assert report["estimated"] is False and report["estimated_J"] == 0 and report["provenance"] == "simulated"
     assert logger.values("energy/epoch_J") == pytest.approx([e["train_J"] for e in epochs], rel=1e-12)
     assert logger.values("edp/epoch_Js") == pytest.approx([e["train_J"] * e["train_s"] for e in epochs], rel=1e-12)
     printed = capsys.readouterr().out
-    assert "lightning-energy report" in printed and "device" in printed and "measured" in printed
+    assert "lightning-energy report" in printed and "device" in printed and "simulated" in printed
 
 
 class SlowValidation(TinyRegressor):
@@ -210,8 +210,8 @@ def test_a_failing_sensor_keeps_its_energy_until_the_failure_and_training_goes_o
     assert "missing from" in format_report(report) and "lack some sensors" in format_report(report)
     # the running total never goes down, step level and epoch level alike
     totals = logger.values("energy/total_J")
-    assert len(totals) == 15 + 3 and totals == sorted(totals)
-    assert totals[-1] == pytest.approx(last["total_J"], rel=1e-12)
+    assert len(totals) == 15 + 3 + 1 and totals == sorted(totals)
+    assert totals[-2] == pytest.approx(last["total_J"], rel=1e-12) and totals[-1] == report["total_J"]  # fit end
 
 
 def test_a_failure_on_a_rank_other_than_zero_is_warned_there(tmp_path, monkeypatch):
@@ -253,7 +253,8 @@ def test_resume_continues_the_cumulative_energy(tmp_path):
     session_J = sum(s["energy_J"] for s in report["sensors"])
     assert report["total_J"] == pytest.approx(state["total_J"] + session_J, rel=1e-12)
     assert report["epochs"][2]["total_J"] > state["total_J"]
-    assert logger.values("energy/total_J")[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-12)
+    assert logger.values("energy/total_J")[-2] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-12)
+    assert logger.values("energy/total_J")[-1] == report["total_J"]  # logged at the end of fit
 
 
 def energy_state(path) -> dict:
@@ -296,7 +297,7 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     # the total continues from the saved value: saved + constant power x time since the new fit started
     since_resume_s = second.last_epoch_end_s - second.fit_start_s
     assert report["epochs"][-1]["total_J"] == pytest.approx(state["total_J"] + power_W * since_resume_s, rel=1e-9)
-    assert totals[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-6)
+    assert totals[-2] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-6) and totals[-1] == report["total_J"]
 
 
 def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch):

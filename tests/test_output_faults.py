@@ -207,9 +207,9 @@ def test_after_epoch_draws_and_writes_off_the_calling_thread(monkeypatch):
     real_power_figure = tensorboard_module.power_figure
     drawn, drawing_thread = threading.Event(), []
 
-    def recording_power_figure(points, epoch):
+    def recording_power_figure(points, epoch, *provenance):
         drawing_thread.append(threading.get_ident())
-        figure = real_power_figure(points, epoch)
+        figure = real_power_figure(points, epoch, *provenance)
         drawn.set()
         return figure
 

@@ -135,14 +135,71 @@ def test_no_host_sensors_on_other_local_ranks(tmp_path):
 
 
 # ------------------------------------------------------------------ CPU estimate
-def test_cpu_estimate_follows_the_load_model(monkeypatch):
-    monkeypatch.setattr(estimate.SystemLoad, "fraction", lambda self: 0.5)
-    sensor = estimate.CpuEstimateSensor(tdp_w=100.0)
-    sensor.open()
-    assert sensor.power_w() == pytest.approx(100.0 * (0.1 + 0.9 * 0.5**3))
-    described = sensor.describe()
-    assert described["estimated"] is True and described["assumed_tdp_W"] == 100.0
-    assert "ESTIMATE" in described["source"] and "100 W" in described["source"]
+def test_cpu_estimate_follows_codecarbons_load_models():
+    machine = estimate.CpuEstimateSensor(tdp_w=100.0, tracking_mode="machine", load=lambda: 0.5)
+    assert machine.power_w() == pytest.approx(100.0 * (0.1 + 0.9 * 0.5**3))
+    process = estimate.CpuEstimateSensor(tdp_w=100.0, load=lambda: 0.5)  # the default: this process's share
+    assert process.tracking_mode == "process" and process.power_w() == pytest.approx(50.0)
+    assert estimate.CpuEstimateSensor(tdp_w=100.0, load=lambda: 0.0).power_w() == 0.0  # an idle process: 0 W
+    described = process.describe()
+    assert described["estimated"] is True and described["provenance"] == "estimated"
+    assert described["assumed_tdp_W"] == 100.0 and described["tdp_source"] == "given by the user"
+    assert described["tracking_mode"] == "process"
+    assert described["source"].startswith("ESTIMATE, process mode:") and "TDP 100 W from given by the user" in \
+        described["source"]
+
+
+XEON_8380 = "Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz"
+
+
+def test_cpu_tdp_comes_from_codecarbons_table_for_a_model_it_knows():
+    sensor = estimate.CpuEstimateSensor(cpu_model=XEON_8380, threads=80, load=lambda: 0.25)
+    assert sensor.tdp_w == 270.0  # cpu_power.csv: Intel Xeon Platinum 8380, 270 W
+    assert sensor.tdp_source == "CodeCarbon's CPU table (Intel Xeon Platinum 8380)"
+    assert sensor.power_w() == pytest.approx(270.0 * 0.25)
+    assert estimate.lookup_tdp_w(XEON_8380) == (270.0, "CodeCarbon's CPU table (Intel Xeon Platinum 8380)")
+    assert estimate.lookup_tdp_w("A CPU nobody has heard of") is None
+    with pytest.raises(ValueError, match="tdp_w"):
+        estimate.CpuEstimateSensor(tdp_w=0)
+    with pytest.raises(ValueError, match="tracking_mode"):
+        estimate.CpuEstimateSensor(tdp_w=10.0, tracking_mode="everything")
+
+
+def test_an_unknown_cpu_gets_codecarbons_4_w_per_thread_not_85_w():
+    vm = estimate.CpuEstimateSensor(cpu_model="AMD EPYC", threads=2, tracking_mode="machine", load=lambda: 1.0)
+    assert vm.tdp_w == 8.0 and vm.power_w() == pytest.approx(8.0)  # a fully loaded 2-vCPU VM: 8 W, not 85 W
+    assert vm.tdp_source == "CodeCarbon's per-thread rule (2 threads x 4 W: a CPU model not in its table)"
+    assert "machine mode" in vm.source and "TDP 8 W" in vm.source and "CPU AMD EPYC" in vm.source
+
+
+def test_process_mode_charges_this_process_tree_not_the_machine():
+    seconds = {"now": 100.0}
+    cpu = {101: 10.0, 102: 5.0}  # this process and a DataLoader worker: CPU seconds so far
+    load = estimate.ProcessLoad(threads=2, cpu_times=lambda: dict(cpu), clock=lambda: seconds["now"])
+    seconds["now"] += 1.0
+    cpu.update({101: 10.6, 102: 5.2, 103: 3.0})  # a new worker's past seconds are not this interval's
+    assert load.fraction() == pytest.approx((0.6 + 0.2) / (1.0 * 2))
+    seconds["now"] += 0.5
+    cpu.pop(102)  # a worker that exited
+    cpu.update({101: 11.1, 103: 3.5})
+    assert load.fraction() == pytest.approx((0.5 + 0.5) / (0.5 * 2))
+    sensor = estimate.CpuEstimateSensor(cpu_model="AMD EPYC", threads=2, load=lambda: 0.4)
+    assert sensor.power_w() == pytest.approx(8.0 * 0.4)
+
+
+def test_the_report_says_which_tdp_and_mode_the_estimate_used():
+    from lightning_energy.report import build_report, format_report
+
+    sensor = estimate.CpuEstimateSensor(cpu_model="AMD EPYC", threads=2, load=lambda: 0.5)
+    summary = {"duration_s": 10.0, "train_J": 30.0, "validation_J": 0.0,
+               "sensors": [{**sensor.describe(), "rank": 0, "energy_J": 40.0, "mean_power_W": 4.0, "failure": None}]}
+    report = build_report([summary], [], {})
+    (entry,) = report["sensors"]
+    assert entry["tdp_source"].startswith("CodeCarbon's per-thread rule") and entry["tracking_mode"] == "process"
+    assert report["provenance"] == "estimated" and report["estimated_J"] == 40.0 and report["measured_J"] == 0.0
+    text = format_report(report)
+    assert "40.0 J = 1.11e-05 kWh (ESTIMATED)" in text.splitlines()[0]
+    assert "process mode" in text and "TDP 8 W from CodeCarbon's per-thread rule (2 threads x 4 W" in text
 
 
 def test_system_load_from_proc_stat(tmp_path, monkeypatch):
@@ -181,13 +238,6 @@ def test_cpu_estimate_is_read_at_most_every_100_ms(manual_sampler, clock):
     clock.advance(0.08)
     manual_sampler.sample_once()
     assert len(reads) == 6 and reads[-1] - reads[-2] == pytest.approx(0.1)
-
-
-def test_cpu_tdp_lookup_uses_codecarbons_table():
-    assert estimate.lookup_tdp_w("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz") == 270.0
-    assert estimate.lookup_tdp_w("A CPU nobody has heard of") is None
-    with pytest.raises(ValueError, match="tdp_w"):
-        estimate.CpuEstimateSensor(tdp_w=0)
 
 
 # ------------------------------------------------------------------ NVML (fake library)

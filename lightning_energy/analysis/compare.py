@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_energy.analysis.resample import DEFAULT_RATE_HZ, mean_std, pad_and_mask, resample
+from lightning_energy.analysis import DEFAULT_RATE_HZ
+from lightning_energy.analysis.resample import mean_std, pad_and_mask, resample, resample_power
 from lightning_energy.analysis.runs import Run, require_attribute
+from lightning_energy.provenance import combine
 
 ALL_RUNS = "all"
 
@@ -13,11 +15,13 @@ ALL_RUNS = "all"
 def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarray]:
     """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid.
 
-    Fit boundaries slightly outside the samples are covered as in :meth:`Run.covering_samples` (the
-    nearest sample's power continued); :class:`RunError` when they lie further out.
+    The energy is the trace's cumulative energy interpolated linearly; the power, the mean power over
+    the grid interval around each point, derived from that energy (:func:`resample_power`). Fit
+    boundaries slightly outside the samples are covered as in :meth:`Run.covering_samples` (the nearest
+    sample's power continued); :class:`RunError` when they lie further out.
     """
-    time_s, power_W, energy_J = run.covering_samples(run.start_s, run.end_s)
-    grid, power = resample(time_s, power_W, rate_hz, run.start_s, run.end_s)
+    time_s, _, energy_J = run.covering_samples(run.start_s, run.end_s)
+    grid, power = resample_power(time_s, energy_J, rate_hz, run.start_s, run.end_s)
     _, energy = resample(time_s, energy_J, rate_hz, run.start_s, run.end_s)
     return {"time_s": grid, "power_W": power, "energy_J": energy - energy[0]}
 
@@ -29,21 +33,25 @@ def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAUL
     for run, key in zip(runs, keys):
         rows.append({"run": run.name, "group": key, "duration_s": run.duration_s, "energy_J": run.total_J,
                      "mean_power_W": run.total_J / run.duration_s if run.duration_s > 0 else None,
-                     "edp_Js": run.edp_Js, "extrapolated_s": run.extrapolated_s})
+                     "edp_Js": run.edp_Js, "extrapolated_s": run.extrapolated_s, "provenance": run.provenance})
         curves_by_group.setdefault(key, []).append(run_curves(run, rate_hz))
     groups = {}
     for key, curves in curves_by_group.items():
         members = [r for r in rows if r["group"] == key]
-        power_mean, power_std, count = mean_std(pad_and_mask([c["power_W"] for c in curves]))
-        energy_mean, energy_std, _ = mean_std(pad_and_mask([c["energy_J"] for c in curves]))
         longest = max(curves, key=lambda c: len(c["time_s"]))["time_s"]
-        groups[key] = {
-            "runs": len(curves),
-            "time_s": longest.tolist(),
-            "curve_power_W_mean": power_mean.tolist(), "curve_power_W_std": power_std.tolist(),
-            "curve_energy_J_mean": energy_mean.tolist(), "curve_energy_J_std": energy_std.tolist(),
+        groups[key] = {"runs": len(curves), "time_s": longest.tolist(),
+                       "provenance": combine(m["provenance"] for m in members)}
+        for name in ("power_W", "energy_J"):
+            stacked = pad_and_mask([c[name] for c in curves])
+            mean, std, count = mean_std(stacked)
+            groups[key].update({  # the envelope of the runs (min, max) bounds the band drawn around the mean
+                f"curve_{name}_mean": mean.tolist(), f"curve_{name}_std": std.tolist(),
+                f"curve_{name}_min": np.ma.filled(stacked.min(axis=0), np.nan).tolist(),
+                f"curve_{name}_max": np.ma.filled(stacked.max(axis=0), np.nan).tolist()})
+        groups[key].update({
             "runs_at_time": count.tolist(),
             **{f"{name}_{stat}": float(fn([m[name] for m in members]))
                for name in ("energy_J", "duration_s", "edp_Js") for stat, fn in (("mean", np.mean), ("std", np.std))},
-        }
-    return {"by": by, "rate_hz": rate_hz, "runs": rows, "groups": groups}
+        })
+    return {"by": by, "rate_hz": rate_hz, "runs": rows, "groups": groups,
+            "provenance": combine(r["provenance"] for r in rows)}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import numpy as np
 
-from lightning_energy.io import atomic_write_text
+from lightning_energy.io import atomic_write_bytes
+from lightning_energy.provenance import word
 
 DPI = 110
 
@@ -32,23 +32,9 @@ def render_png(fig) -> bytes:
 
 
 def write_files(files: dict[Path, bytes | str]) -> list[Path]:
-    """Write every file through a temporary name and a rename (all rendered before any is written)."""
-    written = []
-    for path, content in files.items():
-        path = Path(path)
-        if isinstance(content, str):
-            written.append(atomic_write_text(path, content))
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(content)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        written.append(path)
-    return written
+    """Write every file through a private temporary name and a rename (all rendered before any is written)."""
+    return [atomic_write_bytes(path, content.encode() if isinstance(content, str) else content)
+            for path, content in files.items()]
 
 
 def power_figure(run) -> bytes:
@@ -65,7 +51,7 @@ def power_plot(run):
     for i, e in enumerate(ev for ev in run.events if ev["event"] in ("epoch_start", "epoch_end")):
         ax.axvline(e["time_s"] - t0, color="grey" if e["event"] == "epoch_start" else "black", ls=":", lw=0.8,
                    label=None if i > 1 else e["event"].replace("_", " "))
-    ax.set(xlabel="time since fit start (s)", ylabel="power (W)", title=f"{run.name}: power")
+    ax.set(xlabel="time since fit start (s)", ylabel="power (W)", title=f"{run.name}: power, {word(run.provenance)}")
     ax.legend(loc="best", fontsize="small")
     return fig
 
@@ -79,7 +65,8 @@ def cumulative_energy_figure(run) -> bytes:
     ax.plot(run.time_s - t0, run.energy_J - base, lw=1.4, label="total")
     for name, curve in run.sensor_energy_J.items():
         ax.plot(run.time_s - t0, curve - np.interp(t0, run.time_s, curve), lw=0.9, label=name)
-    ax.set(xlabel="time since fit start (s)", ylabel="cumulative energy (J)", title=f"{run.name}: energy")
+    ax.set(xlabel="time since fit start (s)", ylabel="cumulative energy (J)",
+           title=f"{run.name}: energy, {word(run.provenance)}")
     ax.legend(loc="best", fontsize="small")
     return render_png(fig)
 
@@ -90,30 +77,45 @@ def epoch_boxplots_figure(run, epochs: list[dict]) -> bytes:
     energy = [e["energy_J"] for e in epochs]
     seconds = [e["duration_s"] for e in epochs]
     axes[0][0].boxplot([energy], tick_labels=["epochs"])
-    axes[0][0].set(ylabel="energy per epoch (J)", title=f"{len(epochs)} epoch(s)")
+    axes[0][0].set(ylabel="energy per epoch (J)", title=f"{len(epochs)} epoch(s), {word(run.provenance)}")
     axes[0][1].boxplot([seconds], tick_labels=["epochs"])
     axes[0][1].set(ylabel="time per epoch (s)", title=run.name)
     return render_png(fig)
 
 
-def band_figure(groups: dict[str, dict], key: str, ylabel: str, title: str) -> bytes:
-    """Mean ± std curves, one per group: ``groups[name] = {"time_s", "curve_<key>_mean", "curve_<key>_std"}``."""
+def band_figure(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str) -> bytes:
+    """Mean ± std curves, one per group, as PNG (see :func:`band_plot`)."""
+    return render_png(band_plot(groups, key, ylabel, title, provenance))
+
+
+def band_plot(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str):
+    """Mean ± std curves, one per group: ``groups[name] = {"time_s", "curve_<key>_mean", "curve_<key>_std"}``.
+
+    The band is cut to the envelope of the group's runs (``curve_<key>_min`` / ``_max`` where given): a
+    standard deviation is no power a run drew, and mean + std can exceed the largest one. The title says
+    where the joules come from (``provenance``).
+    """
     fig, axes = _figure()
     ax = axes[0][0]
     for name, g in groups.items():
         t = np.asarray(g["time_s"])
         mean = np.asarray(g[f"curve_{key}_mean"])
         std = np.asarray(g[f"curve_{key}_std"])
+        low, high = mean - std, mean + std
+        if f"curve_{key}_min" in g:
+            low = np.maximum(low, np.asarray(g[f"curve_{key}_min"], dtype=float))
+            high = np.minimum(high, np.asarray(g[f"curve_{key}_max"], dtype=float))
         ax.plot(t, mean, lw=1.2, label=f"{name} (n={g['runs']})")
-        ax.fill_between(t, mean - std, mean + std, alpha=0.25)
-    ax.set(xlabel="time since fit start (s)", ylabel=ylabel, title=title)
+        ax.fill_between(t, low, high, alpha=0.25)
+    ax.set(xlabel="time since fit start (s)", ylabel=ylabel, title=f"{title}, {word(provenance)}")
     ax.legend(loc="best", fontsize="small")
-    return render_png(fig)
+    return fig
 
 
-def fit_figure(attribute: str, points: dict[str, tuple], fits: dict) -> bytes:
+def fit_figure(attribute: str, points: dict[str, tuple], fits: dict, provenance: str = "unknown") -> bytes:
     """Energy, time and EDP vs a numeric attribute, each with its quadratic fit and R²."""
     fig, axes = _figure(1, len(points), size=(4.0 * len(points), 3.8))
+    fig.suptitle(f"energy {word(provenance)}", fontsize="medium")
     for ax, (name, (x, y, unit)) in zip(axes[0], points.items()):
         fit = fits[name]
         ax.plot(x, y, "o", label="runs")
@@ -122,3 +124,4 @@ def fit_figure(attribute: str, points: dict[str, tuple], fits: dict) -> bytes:
         ax.set(xlabel=attribute, ylabel=f"{name} ({unit})", title=f"{name} vs {attribute}")
         ax.legend(loc="best", fontsize="small")
     return render_png(fig)
+

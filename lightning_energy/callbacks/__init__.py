@@ -1,21 +1,20 @@
-"""Lightning callbacks of lightning-energy; each asks the shared meter for numbers."""
+"""Lightning callbacks of lightning-energy; each asks the shared meter for numbers.
 
-from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
-from lightning_energy.callbacks.batch_size import BatchSizeSearch
-from lightning_energy.callbacks.bso import ZeusBatchSizeOptimizer
-from lightning_energy.callbacks.carbon import CarbonCallback
-from lightning_energy.callbacks.catalog import CatalogCallback
-from lightning_energy.callbacks.energy import EnergyCallback
-from lightning_energy.callbacks.eta import EnergyToAccuracy
-from lightning_energy.callbacks.forecast import ForecastCallback
-from lightning_energy.callbacks.flops import FlopsCallback
-from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.callbacks.precision import PrecisionSwitch
-from lightning_energy.callbacks.prediction import EnergyPredictionCheck
-from lightning_energy.callbacks.profiler import EnergyProfiler
+The callbacks are loaded on first access (module ``__getattr__``): importing one submodule, e.g. for a
+file-name constant, does not import Lightning through the others.
+"""
 
-__all__ = [
-    "BatchSampleEstimate", "BatchSizeSearch", "CarbonCallback", "CatalogCallback", "EnergyCallback",
-    "EnergyPredictionCheck", "EnergyProfiler", "EnergyToAccuracy", "FlopsCallback", "ForecastCallback",
-    "PowerLimitOptimizer", "PrecisionSwitch", "ZeusBatchSizeOptimizer",
-]
+from __future__ import annotations
+
+from lightning_energy.lazy import lazy_names
+
+_CALLBACKS: dict[str, str] = {
+    "BatchSampleEstimate": "batch_sample", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "bso",
+    "CarbonCallback": "carbon", "CatalogCallback": "catalog", "EnergyCallback": "energy",
+    "EnergyToAccuracy": "eta", "ForecastCallback": "forecast", "FlopsCallback": "flops",
+    "PowerLimitOptimizer": "power_limit", "PrecisionSwitch": "precision", "EnergyPredictionCheck": "prediction",
+    "EnergyProfiler": "profiler",
+}
+
+__all__ = sorted(_CALLBACKS)
+__getattr__, __dir__ = lazy_names(__name__, {name: f"{__name__}.{module}" for name, module in _CALLBACKS.items()})

@@ -14,17 +14,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy import distributed
 from lightning_energy.carbon import JOULES_PER_KWH, world_average
-from lightning_energy.catalog import CATALOG_FILE, Catalog, CatalogError, CatalogUnavailableError
+from lightning_energy.catalog import (
+    CATALOG_FILE, RUN_ATTRIBUTES_FILE, Catalog, CatalogError, CatalogUnavailableError,
+)
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.meter import measure
+from lightning_energy.provenance import combine, of_entry
 from lightning_energy.report import version
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
 from lightning_energy.sensors.estimate import cpu_model_name
 
 CHECKPOINT_KEY = "energy_metadata"
-RUN_ATTRIBUTES_FILE = "run_attributes.json"
 CATALOG_TIMEOUT_S = 10.0  # how long the end-of-fit write waits for another writer of the catalog
 
 
@@ -220,6 +222,7 @@ class CatalogCallback(MeteredCallback):
             "energy_J": energy_J,
             "energy_kWh": energy_J / JOULES_PER_KWH,
             "estimated": any(s["estimated"] for s in sensors),
+            "provenance": combine(of_entry(s) for s in sensors),
             "sensors": sensors,
             "gCO2e": energy_J / JOULES_PER_KWH * intensity.g_per_kWh * pue,
             "intensity_g_per_kWh": intensity.g_per_kWh,

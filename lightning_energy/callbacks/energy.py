@@ -52,8 +52,9 @@ class EnergyCallback(MeteredCallback):
       steps Lightning logs the loss at (``log_every_n_steps``, and the last step). Work other callbacks
       add inside a step is left out and logged apart: ``energy/extra/<name>_J``, ``time/extra/<name>_s``.
     - ``energy/total_J``: energy of all ranks since the first fit started, continuing across resumes and
-      across ``fit`` calls on one Trainer; at every epoch end, and (single process only) also at the
-      step-level logging steps. Under DDP the step-level figure would need a collective per step, so:
+      across ``fit`` calls on one Trainer; at every epoch end, (single process only) also at the
+      step-level logging steps, and at the end of fit the report's total (so the last value logged is the
+      run's total that every output shows). Under DDP the step-level figure would need a collective per step, so:
     - ``energy/rank0_total_J`` (DDP only, step level): rank 0's sensors alone since this fit started.
     - ``energy/epoch_J``, ``power/epoch_W``, ``time/epoch_s``, ``edp/epoch_Js`` (energy x time): one
       training epoch without its validation, all ranks over one common interval (power: the sum of the
@@ -191,6 +192,8 @@ class EnergyCallback(MeteredCallback):
         self._trainer, self._rank = trainer, trainer.global_rank
         self._step_total_key = "energy/total_J" if trainer.world_size == 1 else "energy/rank0_total_J"
         self._tb = TensorBoardExtras.for_trainer(trainer, warn=False) if trainer.is_global_zero else None
+        if self._tb is not None:
+            self._tb.sensor_provenance = {s.name: s.provenance for s in self._sensors}
         self._problems_warned = 0
         if getattr(trainer, "barebones", False):
             rank_zero_warn("EnergyCallback: `Trainer(barebones=True)` has no logger, so no step or epoch figure is "
@@ -220,14 +223,15 @@ class EnergyCallback(MeteredCallback):
         self.detach()
         self._trainer = None
 
-    def _event(self, name: str, t: float | None = None, epoch: int | None = None, step: int | None = None) -> None:
+    def _event(self, name: str, t: float | None = None, epoch: int | None = None, step: int | None = None,
+               mark: Mark | None = None) -> None:
         if self._trace is not None and self._sampler is not None:
-            self._trace.event(name, self._sampler.clock() if t is None else t, epoch, step)
+            self._trace.event(name, self._sampler.clock() if t is None else t, epoch, step, mark)
 
     # ---------------------------------------------------------------- what the timeline delivers
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         start = self.timeline.fit_start
-        self._event("fit_start", start.t if start is not None else None)
+        self._event("fit_start", start.t if start is not None else None, mark=start)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._event("train_start")
@@ -384,7 +388,7 @@ class EnergyCallback(MeteredCallback):
             self._log_step(trainer, self._last_step)
             self._last_step = None
         self._warn_failures()
-        self._event("fit_end", end.t)
+        self._event("fit_end", end.t, mark=end)
         self.fit_start_s, self.fit_end_s = timeline.fit_start.t, end.t
         self._final_state = self._cumulative_state(trainer, end)  # for a checkpoint saved after the fit
         summaries = distributed.gather(trainer, self._rank_summary(trainer, timeline.fit_start, end))
@@ -412,6 +416,9 @@ class EnergyCallback(MeteredCallback):
             **{f"resumed_{k}": v for k, v in self._resumed.items() if k != "epochs"},
         }
         self.report = build_report(summaries, self._epochs, extra)
+        # the run's total over the whole fit, as in the report, is the last `energy/total_J` logged (the epoch
+        # ends' figures leave out what follows the last epoch end: teardown of the loops, the last checkpoint)
+        self.log_metrics(trainer, {"energy/total_J": self.report["total_J"]}, trainer.global_step)
         problem = try_atomic_write_json(self._log_dir / REPORT_FILE, self.report)
         self.report_path = None if problem else self._log_dir / REPORT_FILE
         if problem:  # a full disk or a read-only log dir never fails the fit

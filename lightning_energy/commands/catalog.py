@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 
 from lightning_energy.commands.common import table
+from lightning_energy.provenance import of_entry, word
 
 HELP = "the run catalog (SQLite) of every fit: list, show ID, compare ID ID, export CSV"
 COMPARED = ("model", "parameters", "flops_per_step", "hardware", "precision", "batch_size", "steps", "epochs",
-            "duration_s", "energy_J", "estimated", "gCO2e", "intensity_g_per_kWh", "pue", "checkpoint_path")
+            "duration_s", "energy_J", "provenance", "gCO2e", "intensity_g_per_kWh", "pue", "checkpoint_path")
 
 
 def add_arguments(parser) -> None:
@@ -42,10 +43,9 @@ def run(args) -> int:
         catalog = Catalog(find_catalog(args.root, args.catalog))
         if args.action == "list":
             fits = catalog.list()
-            print(table(["id", "model", "precision", "batch", "steps", "time s", "energy J", "gCO2e", "est."],
+            print(table(["id", "model", "precision", "batch", "steps", "time s", "energy J", "energy is", "gCO2e"],
                         [[f["id"], f["model"].rsplit(".", 1)[-1], f["precision"], f["batch_size"], f["steps"],
-                          f["duration_s"], f["energy_J"], f["gCO2e"], "yes" if f["estimated"] else "no"]
-                         for f in fits]))
+                          f["duration_s"], f["energy_J"], word(f["provenance"]), f["gCO2e"]] for f in fits]))
         elif args.action == "show":
             fit = catalog.get(args.id)
             print(json.dumps(fit, indent=2, sort_keys=True) if args.json else format_fit(fit))
@@ -69,7 +69,7 @@ def format_fit(fit: dict) -> str:
         lines.append(f"  {key:<20} {fit[key] if fit[key] is not None else '-'}")
     lines.append("  energy per sensor:")
     for s in fit["sensors"]:
-        how = "estimate" if s["estimated"] else "measured"
+        how = word(of_entry(s))
         lines.append(f"    {s['name']:<16} rank {s['rank']}  {s['energy_J']:.2f} J  ({how}; {s['source']})")
     if fit["metrics"]:
         lines.append("  final metrics:")

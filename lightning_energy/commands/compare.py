@@ -1,7 +1,8 @@
 """``lightning-energy compare RUN_DIR...``: runs on an even grid, mean ± std curves, EDP, a summary table.
 
-Each run's power and cumulative energy are resampled from fit start to fit end (cubic, ``--rate-hz``,
-default 4 Hz), padded to the longest run and masked there, and averaged per group: all runs, or
+Each run's cumulative energy is resampled from fit start to fit end (linearly, ``--rate-hz``, default
+4 Hz) and its power derived from it (the mean power over each grid interval: never outside the power
+the samples hold), padded to the longest run and masked there, and averaged per group: all runs, or
 ``--by ATTR`` (a run attribute such as precision, batch_size or power_limit_W, from the run dir's
 ``run_attributes.json``, ``hparams.yaml`` or ``energy_report.json``) so repetitions are averaged. A fit
 boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lightning_energy.analysis.resample import DEFAULT_RATE_HZ
+from lightning_energy.analysis import DEFAULT_RATE_HZ
 from lightning_energy.commands.common import load_runs_or_fail, table
 
 HELP = "compare runs: resampled mean ± std power and energy curves, EDP per run, summary table"
@@ -34,6 +35,7 @@ def run(args) -> int:
     from lightning_energy.analysis.compare import compare_runs
     from lightning_energy.analysis.runs import RunError
     from lightning_energy.cli import CommandError
+    from lightning_energy.provenance import word
 
     if not args.rate_hz > 0:
         raise CommandError(f"--rate-hz must be > 0, got {args.rate_hz}")
@@ -42,19 +44,20 @@ def run(args) -> int:
         result = compare_runs(runs, args.by, args.rate_hz)
     except (RunError, ValueError) as err:
         raise CommandError(str(err)) from None
-    print(table(["run", "group", "time s", "energy J", "mean W", "EDP J*s"],
-                [[r["run"], r["group"], r["duration_s"], r["energy_J"], r["mean_power_W"], r["edp_Js"]]
-                 for r in result["runs"]]))
+    print(table(["run", "group", "time s", "energy J", "energy is", "mean W", "EDP J*s"],
+                [[r["run"], r["group"], r["duration_s"], r["energy_J"], word(r["provenance"]), r["mean_power_W"],
+                  r["edp_Js"]] for r in result["runs"]]))
     print()
-    print(table([args.by or "group", "runs", "energy J", "± std", "time s", "± std", "EDP J*s", "± std"],
-                [[key, g["runs"], g["energy_J_mean"], g["energy_J_std"], g["duration_s_mean"], g["duration_s_std"],
-                  g["edp_Js_mean"], g["edp_Js_std"]] for key, g in result["groups"].items()]))
+    print(table([args.by or "group", "runs", "energy J", "± std", "energy is", "time s", "± std", "EDP J*s", "± std"],
+                [[key, g["runs"], g["energy_J_mean"], g["energy_J_std"], word(g["provenance"]), g["duration_s_mean"],
+                  g["duration_s_std"], g["edp_Js_mean"], g["edp_Js_std"]] for key, g in result["groups"].items()]))
     files: dict[Path, bytes | str] = {args.out / "compare.json": json.dumps(result, indent=1) + "\n"}
     if not args.no_plots:
+        how = result["provenance"]
         files[args.out / "compare_power.png"] = plots.band_figure(result["groups"], "power_W", "power (W)",
-                                                                  "power, mean ± std")
+                                                                  "power, mean ± std", how)
         files[args.out / "compare_energy.png"] = plots.band_figure(
-            result["groups"], "energy_J", "cumulative energy (J)", "cumulative energy, mean ± std")
+            result["groups"], "energy_J", "cumulative energy (J)", "cumulative energy, mean ± std", how)
     for path in plots.write_files(files):
         print(f"wrote {path}")
     return 0

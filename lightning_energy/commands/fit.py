@@ -28,6 +28,7 @@ def fit_runs(runs, by: str) -> dict:
     """Quadratic fits of energy, time and EDP against attribute ``by`` (RunError / ValueError on bad input)."""
     from lightning_energy.analysis.fit import quadratic_fit
     from lightning_energy.analysis.runs import require_attribute
+    from lightning_energy.provenance import combine
 
     x = []
     for run, value in zip(runs, require_attribute(runs, by)):
@@ -39,8 +40,8 @@ def fit_runs(runs, by: str) -> dict:
         y = [getattr(run, prop) for run in runs]
         points[name] = (x, y, unit)
         fits[name] = quadratic_fit(x, y)
-    return {"by": by, "points": points, "fits": fits,
-            "runs": [{"run": r.name, by: xi, **{n: points[n][1][i] for n in QUANTITIES}}
+    return {"by": by, "points": points, "fits": fits, "provenance": combine(run.provenance for run in runs),
+            "runs": [{"run": r.name, by: xi, **{n: points[n][1][i] for n in QUANTITIES}, "provenance": r.provenance}
                      for i, (r, xi) in enumerate(zip(runs, x))]}
 
 
@@ -48,6 +49,7 @@ def run(args) -> int:
     from lightning_energy.analysis import plots
     from lightning_energy.analysis.runs import RunError
     from lightning_energy.cli import CommandError
+    from lightning_energy.provenance import word
 
     runs = load_runs_or_fail(args.run_dirs)
     try:
@@ -55,15 +57,17 @@ def run(args) -> int:
     except (RunError, ValueError) as err:
         raise CommandError(str(err)) from None
     fits = result["fits"]
-    print(table(["run", args.by, "energy J", "time s", "EDP J*s"],
-                [[r["run"], r[args.by], r["energy"], r["time"], r["edp"]] for r in result["runs"]]))
+    print(table(["run", args.by, "energy J", "energy is", "time s", "EDP J*s"],
+                [[r["run"], r[args.by], r["energy"], word(r["provenance"]), r["time"], r["edp"]]
+                 for r in result["runs"]]))
     print()
     print(table(["quantity", "a (x²)", "b (x)", "c", "R²"],
                 [[f"{name} ({QUANTITIES[name][0]})", f.a, f.b, f.c, f.r2] for name, f in fits.items()]))
-    document = {"by": args.by, "runs": result["runs"], "fits": {name: f.as_dict() for name, f in fits.items()}}
+    document = {"by": args.by, "provenance": result["provenance"], "runs": result["runs"],
+                "fits": {name: f.as_dict() for name, f in fits.items()}}
     files: dict[Path, bytes | str] = {args.out / "fit.json": json.dumps(document, indent=1) + "\n"}
     if not args.no_plots:
-        files[args.out / "fit.png"] = plots.fit_figure(args.by, result["points"], fits)
+        files[args.out / "fit.png"] = plots.fit_figure(args.by, result["points"], fits, result["provenance"])
     for path in plots.write_files(files):
         print(f"wrote {path}")
     return 0

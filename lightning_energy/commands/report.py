@@ -1,4 +1,4 @@
-"""``lightning-energy report RUN_DIR``: the energy report of one run, computed from its trace.
+"""``lightning-energy report RUN_DIR``: the energy report of one run, computed from its trace and events.
 
 Prints the energy per sensor and the per-epoch table and writes ``power.png`` (power over time with
 epoch markers), ``cumulative_energy.png``, ``epoch_boxplots.png`` (per-epoch energy and time) and
@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from lightning_energy.commands.common import load_runs_or_fail, table
+from lightning_energy.provenance import tagged
 
 HELP = "energy report of one run from its trace: totals per sensor, per-epoch table, PNG plots"
 OUT_DEFAULT = "energy_plots"
@@ -31,6 +32,7 @@ def build(run) -> dict:
         "run_dir": str(run.path),
         "duration_s": run.duration_s,
         "total_J": total,
+        "provenance": run.provenance,
         "mean_power_W": total / run.duration_s if run.duration_s > 0 else None,
         "edp_Js": run.edp_Js,
         "extrapolated_s": run.extrapolated_s,
@@ -43,7 +45,8 @@ def build(run) -> dict:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"run {report['run']}: {report['duration_s']:.2f} s, {report['total_J']:.2f} J, "
+    total = tagged(f"{report['total_J']:.2f} J", report["provenance"])
+    lines = [f"run {report['run']}: {report['duration_s']:.2f} s, {total}, "
              f"mean {report['mean_power_W'] or float('nan'):.2f} W, EDP {report['edp_Js']:.4g} J*s"]
     if report["extrapolated_s"] > 0:
         lines.append(f"note: {report['extrapolated_s']:.3f} s of the fit lie outside the samples; "

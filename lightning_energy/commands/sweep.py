@@ -30,6 +30,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from lightning_energy.cli import CommandError
     from lightning_energy.io import atomic_write_json, atomic_write_text
+    from lightning_energy.provenance import MEASURED, combine, word
     from lightning_energy.sweep import (
         SweepConfigError, SweepError, load_config, run_name, run_sweep, summarise, sweep_order,
     )
@@ -50,17 +51,17 @@ def run(args) -> int:
     except SweepError as err:
         raise CommandError(str(err)) from None
     summary = summarise(rows)
-    print(table(["#", "rep", "precision", "batch", "limit W*", "batches", "time s", "s/step", "energy J",
+    print(table(["#", "rep", "precision", "batch", "limit W*", "batches", "time s", "s/step", "energy J", "energy is",
                  "dev J/step", "train J", "CERN est J", "est/train", "EDP J*s", "gCO2e"],
                 [[r["order"], r["repetition"], r["precision"], r["batch_size"], r["power_limit_W"], r["batches"],
-                  r["duration_s"], r["time_per_step_s"], r["energy_J"], r["device_J_per_step"], r["train_J"],
-                  r["cern_estimate_J"], r["cern_vs_train"], r["edp_Js"], r["gCO2e"]] for r in rows]))
+                  r["duration_s"], r["time_per_step_s"], r["energy_J"], word(r["provenance"]), r["device_J_per_step"],
+                  r["train_J"], r["cern_estimate_J"], r["cern_vs_train"], r["edp_Js"], r["gCO2e"]] for r in rows]))
     print()
     print(table(["precision", "batch", "limit W*", "runs", "time s", "± std", "energy J", "± std", "EDP J*s"],
                 [[s["precision"], s["batch_size"], s["power_limit_W"], s["runs"], s["duration_s_mean"],
                   s["duration_s_std"], s["energy_J_mean"], s["energy_J_std"], s["edp_Js_mean"]] for s in summary]))
     notes = [f"CERN est: mean energy of {config.cern_batches} training batches x batches trained (steps only; "
-             "train J is the measured training energy including data loading)"]
+             "train J is the training energy including data loading)"]
     notes.append("s/step, dev J/step: training time and device energy per step (between the steps included)")
     if config.power_limits == "simulated":
         gpu = config.simulated["gpu"]
@@ -71,8 +72,12 @@ def run(args) -> int:
     elif config.power_limits == "real":
         notes.append("* power limits were set on this machine's NVIDIA GPU(s) through Zeus; the default limit was "
                      "restored after each run")
-    if any(r["estimated"] for r in rows):
-        notes.append("energies are ESTIMATES (no power sensor on this machine)")
+    how = combine(r["provenance"] for r in rows)
+    if how != MEASURED:
+        notes.append(f"energies are {word(how)}: " + "; ".join(
+            text for kind, text in (("estimated", "ESTIMATED sensors model power from TDP and load (no power sensor)"),
+                                    ("simulated", "SIMULATED sensors follow a programmed trace or the simulated GPU"))
+            if kind in how.split("+")))
     print("\n".join(notes))
     document = {"name": config.name, "config": str(args.config), "seed": config.seed, "repetitions": config.repetitions,
                 "runs": rows, "summary": summary, "notes": notes}

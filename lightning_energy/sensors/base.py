@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from lightning_energy.provenance import ESTIMATED, MEASURED
+
 Scope = Literal["device", "host"]
 SCOPES = ("device", "host")
 
@@ -20,6 +22,8 @@ class Sensor:
     Subclasses override exactly one of :meth:`energy_j` or :meth:`power_w`. Optional attributes:
 
     - ``estimated``: ``True`` when the figure is modelled rather than read from a meter.
+    - ``provenance`` (derived): ``"measured"``, ``"estimated"`` or ``"simulated"`` (see
+      :mod:`lightning_energy.provenance`); simulated sensors override it.
     - ``source``: a short human-readable description of what is read (shown in the report).
     - ``counter_update_period_s``: for counters that only change every so often (NVML: ~0.1 s), the
       period; the sampler then attributes energy by interpolating between the updates it observes.
@@ -71,6 +75,11 @@ class Sensor:
             return "power"
         raise TypeError(f"Sensor {self.name!r} ({cls.__name__}) overrides neither energy_j() nor power_w()")
 
+    @property
+    def provenance(self) -> str:
+        """Where this sensor's joules come from: ``"measured"``, or ``"estimated"`` for a modelled figure."""
+        return ESTIMATED if self.estimated else MEASURED
+
     def describe(self) -> dict:
         """The report's description of this sensor."""
         return {
@@ -78,6 +87,7 @@ class Sensor:
             "scope": self.scope,
             "kind": self.kind,
             "estimated": bool(self.estimated),
+            "provenance": self.provenance,
             "source": self.source,
         }
 

@@ -11,6 +11,7 @@ import math
 import time
 from typing import Callable, Sequence
 
+from lightning_energy.provenance import ESTIMATED, SIMULATED
 from lightning_energy.sensors.base import Scope, Sensor
 
 PowerTrace = float | Sequence[tuple[float, float]]
@@ -88,6 +89,12 @@ class SimulatedSensor(Sensor):
     @property
     def kind(self) -> str:
         return self._kind
+
+    @property
+    def provenance(self) -> str:
+        """``"simulated"``: its joules follow a programmed trace; ``"estimated"`` when it stands in for an
+        estimate (``estimated=True``)."""
+        return ESTIMATED if self.estimated else SIMULATED
 
     def identity(self) -> tuple:
         trace = (tuple(self._trace.starts), tuple(self._trace.watts))
