@@ -159,6 +159,21 @@ def run_tool(argv: Sequence[str]) -> int:
     return 0
 
 
+def _keep_one_energy_callback(callbacks: list) -> list:
+    """Config fragments append callbacks: keep one EnergyCallback (see :mod:`baler_lit.compose`), say which."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from .compose import describe_energy_callback, is_energy_callback, one_energy_callback
+
+    kept, dropped = one_energy_callback(callbacks)
+    if dropped:
+        (energy,) = [c for c in kept if is_energy_callback(c)]
+        rank_zero_info(f"baler-lit: {len(dropped) + 1} EnergyCallbacks configured; measuring with "
+                       f"{describe_energy_callback(energy)} (the last that names its sensors, else the last); "
+                       "left out: " + ", ".join(describe_energy_callback(c) for c in dropped))
+    return kept
+
+
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
 
@@ -172,6 +187,14 @@ def run_lightning(argv: Sequence[str] | None) -> int:
     class BalerCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
             parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
+
+        def instantiate_trainer(self, **kwargs):
+            # before the Trainer sees them: two EnergyCallbacks of one state key make it raise
+            config = self.config_init.get(str(self.subcommand), self.config_init)
+            callbacks = config.get("trainer.callbacks")
+            if isinstance(callbacks, list):
+                config["trainer.callbacks"] = _keep_one_energy_callback(callbacks)
+            return super().instantiate_trainer(**kwargs)
 
     try:
         BalerCLI(
