@@ -4,7 +4,7 @@
 :class:`~baler_lit.module.BalerModule` and :class:`~baler_lit.data.BalerDataModule` (the data module's
 ``input_shape`` is linked to the model's). Three more subcommands work on files::
 
-    baler-lit compress   --ckpt best.ckpt --input data.npz --output data.baler [--latent-dtype float16]
+    baler-lit compress   --ckpt best.ckpt --input data.npz --output data.baler [--latent-dtype float32]
     baler-lit decompress --input data.baler --output restored.npz
     baler-lit evaluate   --original data.npz --restored restored.npz --out report/ [--compressed data.baler]
 
@@ -50,8 +50,10 @@ def _tool_parser() -> argparse.ArgumentParser:
     c.add_argument("--input", required=True, help="data to compress (.npz or .root)")
     c.add_argument("--output", required=True, help="compressed file to write (.baler)")
     c.add_argument(
-        "--latent-dtype", default="float32", choices=["float64", "float32", "float16", "bfloat16"],
-        help="storage dtype of the latent codes",
+        "--latent-dtype", default="float16", choices=["float64", "float32", "float16", "bfloat16"],
+        help="storage dtype of the latent codes (default float16: the demo's ratio, 2.9 against float32's 1.5 on "
+        "the CMS AE, at float32's error there (evaluate --compressed shows the trade-off for your data); a latent "
+        "beyond float16's ±65504 is refused with a clear message)",
     )  # fmt: skip
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     _add_root_options(c, "data")
