@@ -126,6 +126,14 @@ def test_cms_alone_keeps_its_energy_callback_and_checkpoint(tmp_path, monkeypatc
     assert code == 0 and (run / "checkpoints" / "best.ckpt").is_file()
     (energy,) = _energy_callbacks(trainer)
     assert energy.user_sensors is None
+    # `lightning-energy fit/compare --by batch_size` reads the value LightningCLI saved in config.yaml, and the
+    # module's hparams despite the !!python/tuple Lightning writes for input_shape
+    from lightning_energy.analysis.runs import load_run
+
+    assert "!!python/tuple" in (run / "hparams.yaml").read_text()
+    attributes = load_run(run).attributes
+    assert attributes["batch_size"] == 64 and attributes["data.batch_size"] == 64
+    assert attributes["compression_ratio"] == 1.6 and attributes["model"] == "AE"
 
 
 def test_cfd_config_finds_bakers_example_through_the_data_env(tmp_path, monkeypatch):
