@@ -11,7 +11,7 @@ The report goes to TensorBoard once, at the end of fit (:meth:`TensorBoardExtras
 HParams plugin keeps the first hparams summary of a run, and Lightning writes one at fit start (metric
 ``hp_metric = -1`` unless told otherwise), so for a fit the extras ask each TensorBoardLogger not to write that
 placeholder (:meth:`TensorBoardExtras.take_over_hparams`) and write the only hparams summary at fit end:
-the logger's hyperparameters, how the energy was obtained (``energy_how``: measured / estimated / simulated)
+the logger's hyperparameters, how the energy was obtained (``Energy_how``: measured / estimated / simulated)
 and the metrics in :data:`REPORT_METRICS` plus the run's loss, ``hp_metric`` and carbon tags when logged.
 """
 
@@ -41,6 +41,9 @@ REPORT_METRICS = {
     "report/mean_power_W": "mean_power_W",
 }
 REPORT_TEXT_TAG = "lightning-energy/report"
+#: the HParams column saying how the joules were obtained; capitalised so TensorBoard, which sorts the columns
+#: and shows the first few, shows it first
+ENERGY_HOW_HPARAM = "Energy_how"
 #: tags logged by other callbacks or the module that the HParams table shows when the run has them
 EXTRA_HPARAM_METRICS = ("carbon/total_gCO2e", "hp_metric")
 
@@ -232,7 +235,7 @@ class TensorBoardExtras:
             if id(writer) in self._broken:
                 continue
             logger_params = getattr(self.loggers[index], "hparams", {}) if index < len(self.loggers) else {}
-            params = {**hparam_values(logger_params), "energy_how": energy_how(report)}
+            params = {ENERGY_HOW_HPARAM: energy_how(report), **hparam_values(logger_params)}
             self._guarded(writer, "writing the report (HParams, text)",
                           lambda w, p=params: _write_report(w, p, values, metric_tags, text, step))
 

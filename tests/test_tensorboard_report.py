@@ -74,7 +74,7 @@ def test_hparams_tab_holds_the_energy_totals_and_no_placeholder(tmp_path):
     assert report["total_J"] == pytest.approx((DEVICE_W + HOST_W) * report["duration_s"], rel=1e-9)
     session = hparams["_hparams_/session_start_info"].session_start_info.hparams
     assert session["lr"].number_value == 0.01 and session["widths"].string_value == "(4, 2)"
-    assert session["energy_how"].string_value == "simulated"
+    assert session["Energy_how"].string_value == "simulated"
     ((text,),) = texts.values()
     assert f"{report['total_J']:.2f} J" in text and "device" in text and "(simulated)" in text
     assert logger._default_hp_metric is True  # the logger's own setting is back after the fit
