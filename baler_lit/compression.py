@@ -219,7 +219,14 @@ def compress(
         for s in range(0, table.n_rows, step):
             chunk = normalizer.transform(table.data[s : s + step], np_model)
             z = model.encode(torch.from_numpy(chunk).to(device))
-            latent[s : s + len(chunk)] = _tensor_to_numpy(z.to(torch_latent))
+            stored = z.to(torch_latent)
+            if not bool(torch.isfinite(stored).all()) and bool(torch.isfinite(z).all()):
+                largest = float(z.abs().max())
+                raise BalerInputError(
+                    f"latent values reach {largest:.4g}, beyond the range of {latent_dtype}"
+                    f" (±{float(torch.finfo(torch_latent).max):.4g}); use --latent-dtype bfloat16 or float32"
+                )
+            latent[s : s + len(chunk)] = _tensor_to_numpy(stored)
 
     arrays: dict[str, np.ndarray] = {"latent": latent}
     for name, t in model.decoder.state_dict().items():

@@ -3,12 +3,19 @@
 For each column (frames are treated as one column of pixel values):
 
 - residual ``r = restored − original`` in the column's physical units: mean, std, RMS, max |r|;
-- ``norm_rms = RMS(r) / (max − min)`` of the original column (dimensionless, comparable across columns);
-- response / relative error ``(restored − original) / original`` over the entries with ``original ≠ 0``:
-  mean, std, mean |·| and median |·| (dimensionless; the mean is dominated by near-zero originals);
+- errors relative to the column's range ``max − min`` of the original (dimensionless, comparable across
+  columns and meaningful near zero): ``norm_rms = RMS(r) / range`` (the headline ``mean_norm_rms`` is its
+  mean over columns), ``norm_median_abs = median |r| / range`` and ``norm_max_abs = max |r| / range``;
+- response, the error relative to each value ``(restored − original) / original`` over the entries with
+  ``original ≠ 0``: mean, std, mean |·| and median |·| (dimensionless; it explodes where values sit near zero
+  compared with their range, so a median |response| above 1 flags such a column, not necessarily a bad fit);
 - for integer columns, the fraction restored exactly.
 
-Figures (PNG in the output folder, and in TensorBoard when a log folder is given): residual box plots
+:func:`format_summary` prints every column's figures, then the worst columns by ``norm_rms`` and every
+column whose median |response| exceeds :data:`RESPONSE_FLAG`, so the mean over columns hides none of them.
+
+Figures (PNG in the output folder, and in TensorBoard when a log folder is given, beside the per-column
+table in the Text tab): residual box plots
 (``residual_boxplot.png``, residual / column range), before/after histograms (``histograms.png``), response
 histograms (``response.png``), and, when the ``.baler`` file is given, the compression-ratio / error
 trade-off over the latent storage dtypes (``tradeoff.png``). Frames also get ``frames.png``
@@ -36,6 +43,10 @@ GRID_COLUMNS = 6
 HIST_BINS = 50
 #: Resolution of the PNG figures (dots per inch).
 FIG_DPI = 90
+#: Worst columns (by RMS / range) named after the per-column table.
+WORST_COLUMNS = 3
+#: A median |response| (error relative to the value) above this is flagged.
+RESPONSE_FLAG = 0.5
 
 
 def _columns(table: Table) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -83,6 +94,9 @@ def column_summaries(original: Table, restored: Table) -> list[dict[str, Any]]:
             "residual_max_abs": float(np.abs(resid[:, j]).max()),
             "range": float(span[j]),
             "norm_rms": float(rms[j] / span[j]) if span[j] > 0 else float(rms[j]),
+            "norm_median_abs": float(np.median(np.abs(resid[:, j])) / (span[j] if span[j] > 0 else 1.0)),
+            "norm_max_abs": float(np.abs(resid[:, j]).max() / (span[j] if span[j] > 0 else 1.0)),
+            "value_median_abs_over_range": float(np.median(np.abs(x[:, j])) / (span[j] if span[j] > 0 else 1.0)),
             "response_mean": float(rj.mean()) if rj.size else None,
             "response_std": float(rj.std()) if rj.size else None,
             "response_mean_abs": float(np.abs(rj).mean()) if rj.size else None,
@@ -223,14 +237,62 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
     return figs
 
 
+def worst_columns(summary: dict[str, Any], n: int = WORST_COLUMNS) -> list[dict[str, Any]]:
+    """The ``n`` columns with the largest RMS / range, worst first."""
+    return sorted(summary["columns"], key=lambda c: c["norm_rms"], reverse=True)[:n]
+
+
+def flagged_columns(summary: dict[str, Any], limit: float = RESPONSE_FLAG) -> list[dict[str, Any]]:
+    """Columns whose median |error relative to the value| exceeds ``limit``, largest first."""
+    flagged = [c for c in summary["columns"] if (c["response_median_abs"] or 0.0) > limit]
+    return sorted(flagged, key=lambda c: c["response_median_abs"], reverse=True)
+
+
+def error_headline(summary: dict[str, Any]) -> str:
+    """One line: the mean error over columns, the worst column, and the columns with large relative errors."""
+    worst = worst_columns(summary, 1)
+    line = (f"RMS/range {summary['mean_norm_rms']:.4f} (mean over {len(summary['columns'])} columns; error relative "
+            f"to each column's range)")
+    if worst:
+        line += f", worst {worst[0]['column']} {worst[0]['norm_rms']:.4f}"
+    flagged = flagged_columns(summary)
+    if flagged:
+        named = ", ".join(f"{c['column']} ({c['response_median_abs']:.2f})" for c in flagged[:WORST_COLUMNS])
+        more = f" and {len(flagged) - WORST_COLUMNS} more" if len(flagged) > WORST_COLUMNS else ""
+        line += f"; median |error/value| > {RESPONSE_FLAG:g} on {named}{more} (see the table)"
+    return line
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    """Plain-text table of the per-column summaries, the overall error and the trade-off."""
-    lines = [f"{'column':<28} {'rms':>11} {'norm_rms':>9} {'med|resp|':>9} {'exact':>6}"]
+    """Plain-text table of every column's errors, the worst columns, the overall error and the trade-off.
+
+    Columns: ``rms`` (physical units), ``rms/range``, ``med|r|/range`` and ``max|r|/range`` (relative to the
+    column's range: max − min of the original), ``med|r/x|`` (median error relative to the value itself),
+    ``exact`` (integer columns: fraction restored exactly).
+    """
+    lines = [f"{'column':<28} {'rms':>10} {'rms/range':>9} {'med|r|/range':>12} {'max|r|/range':>12} "
+             f"{'med|r/x|':>9} {'exact':>6}"]
     for c in summary["columns"]:
         resp = "-" if c["response_median_abs"] is None else f"{c['response_median_abs']:.3g}"
         exact = f"{c['exact_fraction']:.2f}" if "exact_fraction" in c else ""
-        lines.append(f"{c['column'][:28]:<28} {c['residual_rms']:>11.4g} {c['norm_rms']:>9.4f} {resp:>9} {exact:>6}")
-    lines.append(f"mean normalised RMS error: {summary['mean_norm_rms']:.5f}")
+        median = c.get("norm_median_abs")
+        largest = c.get("norm_max_abs")
+        lines.append(f"{c['column'][:28]:<28} {c['residual_rms']:>10.4g} {c['norm_rms']:>9.4f} "
+                     f"{'-' if median is None else f'{median:.4f}':>12} {'-' if largest is None else f'{largest:.4f}':>12} "
+                     f"{resp:>9} {exact:>6}")
+    lines.append("errors relative to each column's range (max - min of the original): rms/range, med|r|/range, "
+                 "max|r|/range; med|r/x|: median |restored - original| / |original| over nonzero originals")
+    lines.append(f"mean normalised RMS error (rms/range, mean over columns): {summary['mean_norm_rms']:.5f}")
+    worst = worst_columns(summary)
+    if worst:
+        lines.append("worst columns by rms/range: " + ", ".join(f"{c['column']} {c['norm_rms']:.4f}" for c in worst))
+    flagged = flagged_columns(summary)
+    if flagged:
+        lines.append(f"median |error/value| above {RESPONSE_FLAG:g} (an error relative to the value explodes where "
+                     "values sit near zero; med|x|/range says how near):")
+        lines += [f"  {c['column']}: med|r/x| {c['response_median_abs']:.3g}, med|r|/range "
+                  f"{c.get('norm_median_abs', float('nan')):.4f}, med|x|/range "
+                  f"{c.get('value_median_abs_over_range', float('nan')):.4f}" for c in flagged]
     if summary.get("compression_ratio") is not None:
         lines.append(f"compression ratio (whole file): {summary['compression_ratio']:.3f}")
     for t in summary.get("tradeoff") or []:
@@ -239,6 +301,29 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"  latent {t['latent_dtype']:<8} ratio {t['ratio']:7.3f}  error {t['mean_norm_rms']:.5f}{mark}"
         )
     return "\n".join(lines)
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    """The evaluation as one markdown table (TensorBoard's Text tab), with the headline above it."""
+    rows = ["| column | rms | rms/range | med\\|r\\|/range | max\\|r\\|/range | med\\|r/x\\| | exact |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for c in summary["columns"]:
+        resp = "-" if c["response_median_abs"] is None else f"{c['response_median_abs']:.3g}"
+        exact = f"{c['exact_fraction']:.2f}" if "exact_fraction" in c else ""
+        rows.append(f"| {c['column']} | {c['residual_rms']:.4g} | {c['norm_rms']:.4f} | "
+                    f"{c.get('norm_median_abs', float('nan')):.4f} | {c.get('norm_max_abs', float('nan')):.4f} | "
+                    f"{resp} | {exact} |")
+    parts = [f"**reconstruction error**: {error_headline(summary)}"]
+    if summary.get("compression_ratio") is not None:
+        parts.append(f"**compression ratio** (whole file): {summary['compression_ratio']:.3f}")
+        trade = [f"- latent {t['latent_dtype']}: ratio {t['ratio']:.3f}, RMS/range {t['mean_norm_rms']:.5f}"
+                 + (" (stored)" if t["stored"] else "") for t in summary.get("tradeoff") or []]
+        if trade:
+            parts.append("\n".join(trade))
+    parts.append("\n".join(rows))
+    parts.append("rms/range, med|r|/range, max|r|/range: relative to the column's range (max - min of the "
+                 "original); med|r/x|: median |restored - original| / |original| over nonzero originals")
+    return "\n\n".join(parts)
 
 
 def evaluate(
@@ -252,7 +337,7 @@ def evaluate(
     """Write ``summary.json`` and the PNG figures to ``out_dir``; return the summary dict.
 
     ``out_dir`` must not exist (it is filled under a temporary name and renamed) unless ``overwrite``.
-    With ``tensorboard_dir`` the figures and the scalar summaries are also written as TensorBoard events.
+    With ``tensorboard_dir`` the figures and the per-column table (text) are also written as TensorBoard events.
     """
     check_comparable(original, restored)
     out = Path(out_dir)
@@ -322,10 +407,7 @@ def _to_tensorboard(log_dir: str | os.PathLike, pngs: dict[str, bytes], summary:
     try:
         for name, png in pngs.items():
             writer.add_image(f"evaluate/{name}", mpimg.imread(io.BytesIO(png), format="png"), dataformats="HWC")
-        writer.add_scalar("evaluate/mean_norm_rms", summary["mean_norm_rms"])
-        if summary["compression_ratio"] is not None:
-            writer.add_scalar("evaluate/compression_ratio", summary["compression_ratio"])
-        for c in summary["columns"]:
-            writer.add_scalar(f"evaluate/norm_rms/{c['column']}", c["norm_rms"])
+        # one table in the Text tab (a scalar per column made a page of single-point charts)
+        writer.add_text("evaluate/summary", summary_markdown(summary))
     finally:
         writer.close()

@@ -48,7 +48,11 @@ def load_table(
     root_branches: Sequence[str] | None = None,
     root_prefix: str | None = None,
 ) -> Table:
-    """Read ``path`` (``.npz`` or ``.root``) into a :class:`Table`."""
+    """Read ``path`` (``.npz``, ``.root``, or ``example:<name>``: see :mod:`baler_lit.examples`) into a :class:`Table`."""
+    from .examples import is_example, load_example
+
+    if is_example(path):
+        return load_example(str(path))
     p = existing_file(path)
     suffix = p.suffix.lower()
     if suffix == ".npz":

@@ -1,10 +1,18 @@
-"""TensorBoard extras: a custom-scalars layout (loss beside energy) and a per-epoch power figure.
+"""TensorBoard extras: a custom-scalars layout (loss beside energy), a per-epoch power figure, and the
+end-of-fit report in the HParams tab (energy totals as metrics, so runs sort by energy) and the Text tab.
 
 The layout, the figure (drawn with matplotlib's Agg canvas, never pyplot) and the writers' flush run
 on a background :class:`~lightning_energy.output_worker.OutputWorker`: :meth:`TensorBoardExtras.after_epoch`
 on the training thread only hands references over. A writer that fails (a full disk under its flush,
 a log dir made read-only) becomes one line in :attr:`TensorBoardExtras.problems` and one warning; the
 extras then leave that writer alone and training goes on.
+
+The report goes to TensorBoard once, at the end of fit (:meth:`TensorBoardExtras.write_report`). TensorBoard's
+HParams plugin keeps the first hparams summary of a run, and Lightning writes one at fit start (metric
+``hp_metric = -1`` unless told otherwise), so for a fit the extras ask each TensorBoardLogger not to write that
+placeholder (:meth:`TensorBoardExtras.take_over_hparams`) and write the only hparams summary at fit end:
+the logger's hyperparameters, how the energy was obtained (``Energy_how``: measured / estimated / simulated)
+and the metrics in :data:`REPORT_METRICS` plus the run's loss, ``hp_metric`` and carbon tags when logged.
 """
 
 from __future__ import annotations
@@ -25,6 +33,20 @@ FIGURE_TAG = "power/trace"
 MIN_FIGURE_SAMPLES = 10  # an epoch with fewer samples gets no power figure (half a second at 20 Hz)
 FLUSH_INTERVAL_S = 1.0  # writers flushed at most this often when there is no figure to write
 FIGURE_BUDGET = 0.01
+#: HParams metrics written at fit end: TensorBoard tag -> key of the energy report (J, s, W)
+REPORT_METRICS = {
+    "report/energy_total_J": "total_J",
+    "report/energy_train_J": "train_J",
+    "report/energy_validation_J": "validation_J",
+    "report/duration_s": "duration_s",
+    "report/mean_power_W": "mean_power_W",
+}
+REPORT_TEXT_TAG = "lightning-energy/report"
+#: the HParams column saying how the joules were obtained; capitalised so TensorBoard, which sorts the columns
+#: and shows the first few, shows it first
+ENERGY_HOW_HPARAM = "Energy_how"
+#: tags logged by other callbacks or the module that the HParams table shows when the run has them
+EXTRA_HPARAM_METRICS = ("carbon/total_gCO2e", "hp_metric")
 
 
 class EpochPowerRecorder:
@@ -79,6 +101,8 @@ class TensorBoardExtras:
         self._broken: set[int] = set()  # id() of writers that failed: left alone from then on
         self._hooks: list[tuple[object, object]] = []  # (writer, our close wrapper)
         self._closed = False
+        self.loggers: list = []  # the TensorBoardLoggers of the writers (for_trainer), same order
+        self._hp_metric_defaults: list[tuple[object, bool]] = []  # (logger, its default_hp_metric) taken over
 
     @property
     def problems(self) -> list[str]:
@@ -90,11 +114,12 @@ class TensorBoardExtras:
         """Extras for the trainer's TensorBoard loggers (None without one); keyword arguments as for the class."""
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        if not writers:
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if not loggers:
             return None
-        extras = cls(writers, **kwargs)
-        for writer in writers:
+        extras = cls([lg.experiment for lg in loggers], **kwargs)
+        extras.loggers = loggers
+        for writer in extras.writers:
             extras._drain_before_close(writer)
         return extras
 
@@ -148,18 +173,22 @@ class TensorBoardExtras:
 
     def _each_writer(self, action: str, call) -> None:
         for writer in self._live_writers():
-            try:
-                call(writer)
-            except Exception as err:  # a full disk, a read-only log dir, a closed writer: never training's problem
-                self._broken.add(id(writer))
-                where = getattr(writer, "log_dir", None) or (writer.get_logdir() if hasattr(writer, "get_logdir")
-                                                             else repr(writer))
-                self.worker.record(f"tensorboard writer {id(writer)}",
-                                   f"TensorBoard writer at {where}: {action} failed ({describe_error(err)}); "
-                                   "later power figures and the layout are missing there")
+            self._guarded(writer, action, call)
+
+    def _guarded(self, writer, action: str, call) -> None:
+        """``call(writer)``; a failure marks the writer broken and becomes one line in :attr:`problems`."""
+        try:
+            call(writer)
+        except Exception as err:  # a full disk, a read-only log dir, a closed writer: never training's problem
+            self._broken.add(id(writer))
+            where = getattr(writer, "log_dir", None) or (writer.get_logdir() if hasattr(writer, "get_logdir")
+                                                         else repr(writer))
+            self.worker.record(f"tensorboard writer {id(writer)}",
+                               f"TensorBoard writer at {where}: {action} failed ({describe_error(err)}); "
+                               "later power figures, the layout and the report are missing there")
 
     def _write_layout(self, metric_names: list[str]) -> None:
-        layout = custom_scalars_layout(training_loss_tags(metric_names))
+        layout = custom_scalars_layout(training_loss_tags(metric_names), validation_loss_tags(metric_names))
         self._each_writer("writing the custom-scalars layout", lambda w: w.add_custom_scalars(layout))
 
     def _write_figure(self, points, epoch: int) -> None:
@@ -179,6 +208,40 @@ class TensorBoardExtras:
     def _flush(self) -> None:
         self._each_writer("flushing", lambda w: w.flush())
 
+    # ---------------------------------------------------------------- the report, at the end of fit
+    def take_over_hparams(self) -> None:
+        """At fit setup: ask each TensorBoardLogger not to write its ``hp_metric = -1`` hparams summary at fit
+        start (TensorBoard keeps a run's first one), so :meth:`write_report`'s summary is the one shown.
+        The logger still records the hyperparameters (``hparams.yaml``); undone by :meth:`close`."""
+        for lg in self.loggers:
+            if getattr(lg, "_default_hp_metric", None) is True:
+                lg._default_hp_metric = False
+                self._hp_metric_defaults.append((lg, True))
+
+    def write_report(self, trainer, report: dict) -> None:
+        """Write the report to every live writer, on the calling thread (at fit end, once): the report's
+        totals as HParams metrics (and scalars, at the last global step) beside the logger's hyperparameters,
+        and the console table as text. Failures are recorded in :attr:`problems`, never raised."""
+        if not self.writers:
+            return
+        step = int(getattr(trainer, "global_step", 0))
+        values = {tag: float(report[key]) for tag, key in REPORT_METRICS.items()
+                  if isinstance(report.get(key), (int, float)) and math.isfinite(report[key])}
+        logged = list(getattr(trainer, "logged_metrics", {}) or {})
+        existing = [*validation_loss_tags(logged), *epoch_loss_tags(logged),
+                    *(tag for tag in EXTRA_HPARAM_METRICS if tag in logged)]
+        # TensorBoard shows the first few metric columns: the total energy, then the losses beside it
+        first = [tag for tag in values if tag == "report/energy_total_J"]
+        metric_tags = [*first, *(t for t in existing if t not in values), *(t for t in values if t not in first)]
+        text = report_markdown(report)
+        for index, writer in enumerate(self.writers):
+            if id(writer) in self._broken:
+                continue
+            logger_params = getattr(self.loggers[index], "hparams", {}) if index < len(self.loggers) else {}
+            params = {ENERGY_HOW_HPARAM: energy_how(report), **hparam_values(logger_params)}
+            self._guarded(writer, "writing the report (HParams, text)",
+                          lambda w, p=params: _write_report(w, p, values, metric_tags, text, step))
+
     # ---------------------------------------------------------------- end of fit
     def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> bool:
         """Write what is queued (at most ``timeout_s``) and stop; never raises. True when all was written."""
@@ -186,6 +249,9 @@ class TensorBoardExtras:
             if getattr(writer, "__dict__", {}).get("close") is wrapper:
                 del writer.close
         self._hooks = []
+        for lg, default in self._hp_metric_defaults:
+            lg._default_hp_metric = default
+        self._hp_metric_defaults = []
         if self._closed:
             return self.worker.pending() == 0
         self._closed = True
@@ -207,17 +273,97 @@ def training_loss_tags(logged_metrics) -> list[str]:
     return sorted(k for k in logged_metrics if "loss" in k.lower() and not re.match(r"(val|valid|validation|test)\b|(val|test)[/_]", k))
 
 
-def custom_scalars_layout(loss_tags: list[str]) -> dict:
-    """Charts side by side: the training loss, energy per step, energy per epoch, power per step."""
-    loss_regex = [re.escape(tag) for tag in loss_tags] or [r".*loss.*"]
+def validation_loss_tags(logged_metrics) -> list[str]:
+    """The module's validation-loss metric names (``val/loss``, ``val_loss``, ``validation/loss`` ...)."""
+    return sorted(k for k in logged_metrics if "loss" in k.lower() and re.match(r"(val|valid|validation)([/_]|\b)", k))
+
+
+def epoch_loss_tags(logged_metrics) -> list[str]:
+    """Training-loss names logged per epoch (``..._epoch``), or all training-loss names when none is."""
+    tags = training_loss_tags(logged_metrics)
+    return [t for t in tags if t.endswith("epoch")] or tags
+
+
+def _exact(tags) -> list[str]:
+    return [f"^{re.escape(tag)}$" for tag in tags]
+
+
+def custom_scalars_layout(loss_tags: list[str], val_loss_tags: list[str] = ()) -> dict:
+    """Loss beside energy, in pairs (one category each, its charts side by side), and the epoch totals.
+
+    Each chart holds one quantity, so its series are the runs, coloured as in the run selector (TensorBoard
+    colours a custom-scalars series by run: two quantities in one chart would share a colour).
+    """
+    def loss_charts(tags, fallback: str) -> dict:
+        return {tag: ["Multiline", _exact([tag])] for tag in tags} or {fallback: ["Multiline", [fallback]]}
+
     return {
-        "lightning-energy": {
-            "training loss": ["Multiline", loss_regex],
-            "energy per step (J)": ["Multiline", [r"energy/step_J"]],
-            "energy per epoch (J)": ["Multiline", [r"energy/epoch_J$", r"energy/val_epoch_J"]],
-            "power per step (W)": ["Multiline", [r"power/step_W"]],
-        }
+        "lightning-energy 1: training loss | energy per step": {
+            **loss_charts(loss_tags, r"^(?!val|test).*loss"),
+            "energy per step (J)": ["Multiline", [r"^energy/step_J$"]],
+            "power per step (W)": ["Multiline", [r"^power/step_W$"]],
+        },
+        "lightning-energy 2: validation loss | validation energy": {
+            **loss_charts(val_loss_tags, r"^val.*loss"),
+            "validation energy per epoch (J)": ["Multiline", [r"^energy/val_epoch_J$"]],
+        },
+        "lightning-energy 3: epochs": {
+            "training energy per epoch (J)": ["Multiline", [r"^energy/epoch_J$"]],
+            "total energy (J)": ["Multiline", [r"^energy/total_J$"]],
+            "power per epoch (W)": ["Multiline", [r"^power/epoch_W$"]],
+        },
     }
+
+
+def energy_how(report: dict) -> str:
+    """How the report's joules were obtained: ``measured``, ``estimated``, ``simulated`` or a mix (``+``)."""
+    from lightning_energy.provenance import of_report
+
+    return of_report(report)
+
+
+def report_markdown(report: dict) -> str:
+    """The end-of-fit console table as TensorBoard text (markdown: a code block keeps the columns)."""
+    from lightning_energy.report import format_report
+
+    table = format_report(report)
+    return (f"**lightning-energy report** ({energy_how(report)}): {report['total_J']:.2f} J over "
+            f"{report['duration_s']:.2f} s; the figures per sensor and the totals:\n\n"
+            + "\n".join("    " + line for line in table.splitlines()))
+
+
+def hparam_values(params) -> dict:
+    """Hyperparameters as TensorBoard's HParams plugin takes them: nested keys joined with ``/``, numbers,
+    strings and booleans kept, anything else (lists, None, objects) as its ``str``; keys starting with ``_`` are
+    left out."""
+    out: dict = {}
+
+    def visit(prefix: str, value) -> None:
+        if isinstance(value, dict) or hasattr(value, "items") and callable(value.items):
+            for key, inner in value.items():
+                if not str(key).startswith("_"):  # Lightning's own bookkeeping (`_instantiator`, `_class_path`)
+                    visit(f"{prefix}/{key}" if prefix else str(key), inner)
+        elif isinstance(value, (bool, int, float, str)):
+            out[prefix] = value
+        else:
+            out[prefix] = str(value)
+
+    visit("", dict(params or {}))
+    return out
+
+
+def _write_report(writer, params: dict, values: dict, metric_tags: list[str], text: str, step: int) -> None:
+    """One writer: the hparams summary (experiment, session start and end), the metrics' values, the text."""
+    from torch.utils.tensorboard.summary import hparams
+
+    experiment, start, end = hparams(params, dict.fromkeys(metric_tags, 0.0))  # the summary takes names only
+    file_writer = writer._get_file_writer()
+    for summary in (experiment, start, end):
+        file_writer.add_summary(summary, step)
+    for tag, value in values.items():
+        writer.add_scalar(tag, value, step)
+    writer.add_text(REPORT_TEXT_TAG, text, step)
+    writer.flush()
 
 
 def power_figure(points, epoch: int, sensor_provenance: dict[str, str] | None = None):

@@ -107,10 +107,10 @@ def test_padding_masks_the_shorter_runs_and_the_mean_uses_only_runs_still_going(
 
 
 def test_compare_of_runs_of_different_lengths(tmp_path):
-    long_run = write_run(tmp_path / "a", {"gpu": 100.0}, duration_s=2.0, attributes={"precision": "32"})
-    short_run = write_run(tmp_path / "b", {"gpu": 200.0}, duration_s=1.0, attributes={"precision": "16"})
-    result = compare_runs([load_run(long_run), load_run(short_run)])
-    group = result["groups"]["all"]
+    long_run = write_run(tmp_path / "a", {"gpu": 100.0}, duration_s=2.0, attributes={"model": "m", "seed": 1})
+    short_run = write_run(tmp_path / "b", {"gpu": 200.0}, duration_s=1.0, attributes={"model": "m", "seed": 2})
+    result = compare_runs([load_run(long_run), load_run(short_run)], by="model")
+    group = result["groups"]["m"]
     assert group["runs"] == 2
     assert group["time_s"] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
     # both runs up to 1 s: power (100 + 200) / 2 = 150 ± 50; after, only the 100 W run
@@ -163,7 +163,7 @@ def test_fit_boundaries_just_outside_the_samples_continue_the_edge_power(tmp_pat
     assert power[0] == power[-1] == 120.0
     assert energy[-1] - energy[0] == pytest.approx(run.total_J, rel=1e-12)
     result = compare_runs([run], rate_hz=4.0)
-    group = result["groups"]["all"]
+    group = result["groups"]["run"]
     assert group["time_s"] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
     np.testing.assert_allclose(group["curve_power_W_mean"], 120.0, rtol=1e-12)
     np.testing.assert_allclose(group["curve_energy_J_mean"], 120.0 * np.array(group["time_s"]), atol=1e-9)
@@ -214,13 +214,15 @@ def test_plain_run_attributes_come_from_the_energy_report_and_nested_hparams(tmp
     run = load_run(folder)
     assert run.attributes == {"world_size": 2, "host": "node7", "estimated": False, "sampling_interval_s": 0.05,
                               "epochs": 2, "steps": 16, "sensors": "gpu0,rapl", "model.hidden": 64,
-                              "model.act": "relu", "data.batch_size": 256, "precision": "16-mixed"}
+                              "model.act": "relu", "data.batch_size": 256, "precision": "16-mixed",
+                              # dotted names also answer to their last part
+                              "hidden": 64, "act": "relu", "batch_size": 256}
     (folder / "run_attributes.json").write_text(json.dumps({"precision": "32-true"}))
     assert load_run(folder).attributes["precision"] == "32-true"  # the explicit attributes win
-    with pytest.raises(RunError, match=r"no attribute 'batch_size' \(it has: data.batch_size, epochs, estimated, "
-                                       r"host, model.act, model.hidden, precision, sampling_interval_s, sensors, steps, "
-                                       r"world_size\)"):
-        attribute(run, "batch_size")
+    with pytest.raises(RunError, match=r"no attribute 'lr' \(it has: act, batch_size, data.batch_size, epochs, "
+                                       r"estimated, hidden, host, model.act, model.hidden, precision, "
+                                       r"sampling_interval_s, sensors, steps, world_size\)"):
+        attribute(run, "lr")
     (folder / "energy_report.json").write_text("{oops")
     with pytest.raises(RunError, match="energy_report.json is not valid JSON"):
         load_run(folder)

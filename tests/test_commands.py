@@ -257,6 +257,7 @@ def test_sweep_order_is_a_permutation_of_the_grid_per_repetition():
 def test_shipped_tiny_sweep_config_is_valid(capsys):
     config = load_config(ROOT / "configs" / "sweep_tiny.yaml")
     assert len(config.points()) == 8 and config.repetitions == 2
+    assert max(len(set(values)) for values in config.grid.values()) >= 3  # `fit --by` needs 3 values on an axis
     code, out, err = run_cli(capsys, "sweep", "--config", ROOT / "configs" / "sweep_tiny.yaml", "--dry-run")
     assert code == 0, err
     assert len(out.strip().splitlines()) == 16

@@ -9,8 +9,6 @@ from lightning_energy.analysis.resample import mean_std, pad_and_mask, resample,
 from lightning_energy.analysis.runs import Run, require_attribute
 from lightning_energy.provenance import combine
 
-ALL_RUNS = "all"
-
 
 def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarray]:
     """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid.
@@ -27,9 +25,13 @@ def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarr
 
 
 def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAULT_RATE_HZ) -> dict:
-    """Per-run totals and, per group (all runs, or by attribute ``by``), mean ± std curves and totals."""
+    """Per-run totals and, per group, mean ± std curves and totals.
+
+    Groups: the runs sharing a value of attribute ``by`` (repetitions averaged); without ``by`` each run is
+    its own group (named by the run): unrelated runs are never averaged into one curve unasked.
+    """
     rows, curves_by_group = [], {}
-    keys = [ALL_RUNS] * len(runs) if by is None else [str(v) for v in require_attribute(runs, by)]
+    keys = [run.name for run in runs] if by is None else [str(v) for v in require_attribute(runs, by)]
     for run, key in zip(runs, keys):
         rows.append({"run": run.name, "group": key, "duration_s": run.duration_s, "energy_J": run.total_J,
                      "mean_power_W": run.total_J / run.duration_s if run.duration_s > 0 else None,

@@ -5,9 +5,12 @@ are filled by linear interpolation) and the power (W); ``energy_events.csv`` giv
 boundaries. The attributes used to group runs (``compare --by``, ``fit --by``) come from, later ones
 overriding earlier ones: what ``energy_report.json`` says about the fit (``world_size``, ``host``,
 ``estimated``, ``sampling_interval_s``, ``epochs``, ``steps``, ``sensors``, and ``precision``,
-``batch_size``, ``power_limit_W`` ... where the report has them), Lightning's ``hparams.yaml`` (scalar
-values; nested mappings flattened as ``outer.inner``) and ``run_attributes.json`` (written by
-CatalogCallback and by ``lightning-energy sweep``). Traces of other ranks (``energy_trace_rank<N>.csv``)
+``batch_size``, ``power_limit_W`` ... where the report has them), LightningCLI's ``config.yaml`` (e.g.
+``data.batch_size``, ``model.lr``, ``trainer.max_epochs``), Lightning's ``hparams.yaml`` (both: scalar
+values, nested mappings flattened as ``outer.inner``, read by :func:`read_yaml_mapping`, which tolerates
+python tags without executing them; a dotted name also answers to its last part where that is
+unambiguous: ``batch_size``) and ``run_attributes.json`` (written by CatalogCallback and by
+``lightning-energy sweep``). Traces of other ranks (``energy_trace_rank<N>.csv``)
 are added onto rank 0's time axis through their unix timestamps.
 
 Where the events carry the meter's cumulative energy at the fit's start and end (traces since the
@@ -38,6 +41,7 @@ from lightning_energy.report import REPORT_FILE
 from lightning_energy.trace import EVENTS_FILE, TRACE_FILE, read_trace
 
 HPARAMS_FILE = "hparams.yaml"
+CLI_CONFIG_FILE = "config.yaml"  # LightningCLI's SaveConfigCallback: the whole parsed config, in the log dir
 EDGE_TOLERANCE_INTERVALS = 2.0  # fit boundaries this many sampling intervals outside the samples are covered
 # scalar keys of energy_report.json taken as attributes where present (the report may not hold them all)
 REPORT_ATTRIBUTES = ("precision", "batch_size", "power_limit_W", "world_size", "host", "estimated", "model",
@@ -349,23 +353,63 @@ def _read_provenance(path: Path) -> str:
     return of_report(loaded) if isinstance(loaded, dict) else UNKNOWN
 
 
+def read_yaml_mapping(path: Path) -> dict:
+    """The mapping in a YAML file, read without executing anything; {} when it is not a mapping or not YAML.
+
+    Lightning writes python tags into ``hparams.yaml`` (``!!python/tuple`` for a tuple hparam): a tuple is
+    read as a list, any other ``python/...`` or application tag as None (left out of the attributes), so one
+    such value no longer hides every other hparam, and no constructor named by the file is ever called.
+    """
+    import yaml
+
+    class TolerantLoader(yaml.SafeLoader):
+        pass
+
+    def python_tag(loader, suffix, node):
+        if suffix == "tuple" and isinstance(node, yaml.SequenceNode):
+            return loader.construct_sequence(node, deep=True)
+        return None
+
+    def unknown_tag(loader, suffix, node):
+        return None
+
+    TolerantLoader.add_multi_constructor("tag:yaml.org,2002:python/", python_tag)
+    TolerantLoader.add_multi_constructor("!", unknown_tag)
+    try:
+        loaded = yaml.load(path.read_text(), Loader=TolerantLoader)  # noqa: S506 (a SafeLoader subclass)
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def with_short_names(attributes: dict) -> dict:
+    """``attributes`` plus, for each dotted key (``data.batch_size`` from LightningCLI's ``config.yaml``), its
+    last part (``batch_size``) where no attribute has that name already and every dotted key ending in it
+    agrees on the value (``--by batch_size`` then works on baler-lit runs; an ambiguous name is left out)."""
+    by_leaf: dict[str, set] = {}
+    for key, value in attributes.items():
+        if "." in key:
+            by_leaf.setdefault(key.rsplit(".", 1)[1], set()).add(repr(value))
+    out = dict(attributes)
+    for key, value in attributes.items():
+        leaf = key.rsplit(".", 1)[-1]
+        if "." in key and leaf not in attributes and len(by_leaf[leaf]) == 1:
+            out[leaf] = value
+    return out
+
+
 def _read_attributes(path: Path) -> dict:
+    """Attributes of the run in ``path``: report < ``config.yaml`` < ``hparams.yaml`` < ``run_attributes.json``."""
     attributes: dict = {}
     report = path / REPORT_FILE
     if report.exists():
         loaded = _read_json(report)
         if isinstance(loaded, dict):
             attributes.update(report_attributes(loaded))
-    hparams = path / HPARAMS_FILE
-    if hparams.exists():
-        import yaml
-
-        try:
-            loaded = yaml.safe_load(hparams.read_text()) or {}
-        except yaml.YAMLError:
-            loaded = {}
-        if isinstance(loaded, dict):
-            attributes.update(_flatten(loaded))
+    for name in (CLI_CONFIG_FILE, HPARAMS_FILE):
+        if (path / name).exists():
+            attributes.update(_flatten(read_yaml_mapping(path / name)))
+    attributes = with_short_names(attributes)
     attributes_file = path / RUN_ATTRIBUTES_FILE
     if attributes_file.exists():
         loaded = _read_json(attributes_file)
@@ -390,7 +434,8 @@ def load_runs(run_dirs: list) -> list[Run]:
     return runs
 
 
-ATTRIBUTE_SOURCES = f"attributes come from {REPORT_FILE}, {HPARAMS_FILE} and {RUN_ATTRIBUTES_FILE} in the run dir"
+ATTRIBUTE_SOURCES = (f"attributes come from {REPORT_FILE}, {CLI_CONFIG_FILE} (LightningCLI), {HPARAMS_FILE} and "
+                     f"{RUN_ATTRIBUTES_FILE} in the run dir; dotted names also answer to their last part")
 
 
 def attribute(run: Run, name: str):

@@ -73,8 +73,10 @@ class EnergyCallback(MeteredCallback):
     cannot be opened is warned about and left out.
 
     With a TensorBoard logger also: a custom-scalars layout placing the training loss beside
-    ``energy/step_J`` and ``energy/epoch_J``, and a figure ``power/trace`` of each epoch's power (drawn
-    off the training thread, within 1 % of the run's time; epochs of fewer than 10 samples get none). At the end of fit: a console table and ``energy_report.json`` in the log
+    ``energy/step_J`` and the validation loss beside ``energy/val_epoch_J``, a figure ``power/trace`` of
+    each epoch's power (drawn off the training thread, within 1 % of the run's time; epochs of fewer than
+    10 samples get none) and, at the end of fit, the report: its totals as HParams metrics
+    (``report/energy_total_J``, ...; in place of Lightning's ``hp_metric = -1``) and its table as text. At the end of fit: a console table and ``energy_report.json`` in the log
     dir; the sample trace ``energy_trace.csv`` and ``energy_events.csv`` (``_rank<N>`` suffix on ranks
     other than 0, ``_fit<N>`` for the N-th fit of one callback).
 
@@ -194,6 +196,8 @@ class EnergyCallback(MeteredCallback):
         self._tb = TensorBoardExtras.for_trainer(trainer, warn=False) if trainer.is_global_zero else None
         if self._tb is not None:
             self._tb.sensor_provenance = {s.name: s.provenance for s in self._sensors}
+        if self._tb is not None and stage == "fit":
+            self._tb.take_over_hparams()  # the report's totals become the run's HParams metrics at fit end
         self._problems_warned = 0
         if getattr(trainer, "barebones", False):
             rank_zero_warn("EnergyCallback: `Trainer(barebones=True)` has no logger, so no step or epoch figure is "
@@ -419,6 +423,9 @@ class EnergyCallback(MeteredCallback):
         # the run's total over the whole fit, as in the report, is the last `energy/total_J` logged (the epoch
         # ends' figures leave out what follows the last epoch end: teardown of the loops, the last checkpoint)
         self.log_metrics(trainer, {"energy/total_J": self.report["total_J"]}, trainer.global_step)
+        if self._tb is not None:  # once, at fit end: HParams metrics and the table in the Text tab
+            self._tb.write_report(trainer, self.report)
+            self._warn_output_problems()
         problem = try_atomic_write_json(self._log_dir / REPORT_FILE, self.report)
         self.report_path = None if problem else self._log_dir / REPORT_FILE
         if problem:  # a full disk or a read-only log dir never fails the fit

@@ -2,9 +2,11 @@
 
 Each run's cumulative energy is resampled from fit start to fit end (linearly, ``--rate-hz``, default
 4 Hz) and its power derived from it (the mean power over each grid interval: never outside the power
-the samples hold), padded to the longest run and masked there, and averaged per group: all runs, or
-``--by ATTR`` (a run attribute such as precision, batch_size or power_limit_W, from the run dir's
-``run_attributes.json``, ``hparams.yaml`` or ``energy_report.json``) so repetitions are averaged. A fit
+the samples hold), padded to the longest run and masked there, and averaged per group: with ``--by ATTR``
+(a run attribute such as precision, batch_size or power_limit_W, from the run dir's
+``run_attributes.json``, ``hparams.yaml``, LightningCLI's ``config.yaml`` or ``energy_report.json``) the
+runs sharing a value, so repetitions are averaged; without it each run is its own group (unrelated runs
+are never averaged). A fit
 boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
 ``extrapolated_s`` column); further out is an error. Writes ``compare.json``, ``compare_power.png`` and
 ``compare_energy.png`` into ``--out``.
@@ -23,7 +25,7 @@ HELP = "compare runs: resampled mean ± std power and energy curves, EDP per run
 
 def add_arguments(parser) -> None:
     parser.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="log dirs of fits")
-    parser.add_argument("--by", default=None, metavar="ATTR", help="group runs by this attribute and average them")
+    parser.add_argument("--by", default=None, metavar="ATTR", help="group runs by this attribute and average each group (default: one group per run)")
     parser.add_argument("--rate-hz", type=float, default=DEFAULT_RATE_HZ, help="resampling rate (default 4 Hz)")
     parser.add_argument("--out", type=Path, default=Path("energy_compare"),
                         help="output folder (default ./energy_compare)")
