@@ -84,9 +84,10 @@ def test_compare_plots_only_powers_within_the_samples_range(tmp_path):
         (folder / "energy_events.csv").write_text(
             f"time_s,unix_time_s,event,epoch,step\n0.001,{1.7e9 + 0.001},fit_start,,\n"
             f"{t[-1] - 0.001:.6f},{1.7e9 + t[-1] - 0.001:.6f},fit_end,,\n")
+        (folder / "run_attributes.json").write_text('{"config": "spiky"}')  # three repetitions of one config
         runs.append(load_run(folder))
-    result = compare_runs(runs)
-    group = result["groups"]["all"]
+    result = compare_runs(runs, by="config")
+    group = result["groups"]["spiky"]
     for key in ("mean", "min", "max"):
         assert 8.5 - 1e-9 <= min(group[f"curve_power_W_{key}"]) and max(group[f"curve_power_W_{key}"]) <= 85.0 + 1e-9
     (ax,) = band_plot(result["groups"], "power_W", "power (W)", "power", result["provenance"]).axes
@@ -323,7 +324,7 @@ def test_compare_and_fit_say_where_the_joules_come_from(tmp_path, capsys):
         runs.append(str(folder))
     assert main(["compare", *runs, "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
     out = capsys.readouterr().out
-    assert out.count("SIMULATED") == 4  # three runs and their group
+    assert out.count("SIMULATED") == 6  # three runs, each its own group (no --by)
     assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["provenance"] == "simulated"
     assert main(["fit", *runs, "--by", "batch_size", "--out", str(tmp_path / "fit")]) == 0
     assert capsys.readouterr().out.count("SIMULATED") == 3
