@@ -122,3 +122,39 @@ class SleepyBoringModel(BoringModel):
     def training_step(self, batch, batch_idx):
         time.sleep(STEP_SLEEP_S)
         return super().training_step(batch, batch_idx)
+
+
+class ClockedEnergyCounter(Sensor):
+    """A device energy counter (J) on a fake clock: the simulation sets its power, it integrates exactly.
+
+    ``clock`` is a callable in seconds with ``advance(seconds)`` (``power_limit_helpers.SamplingClock``). The
+    counter is the exact integral of the power set so far up to the clock's time, so every window the
+    meter takes between two marks on that clock is exact, whatever the sampling.
+    """
+
+    def __init__(self, clock, name: str = "device", estimated: bool = False) -> None:
+        super().__init__(name, scope="device", source="simulated energy counter on a fake clock")
+        self.clock = clock
+        self.estimated = estimated
+        self.power_W = 0.0
+        self._energy_J = 0.0
+        self._t_s = clock()
+
+    def _account(self) -> None:
+        now = self.clock()
+        self._energy_J += self.power_W * (now - self._t_s)
+        self._t_s = now
+
+    def run(self, watts: float, seconds: float) -> None:
+        """Draw ``watts`` for ``seconds`` of fake time (the clock advances)."""
+        self._account()
+        self.power_W = float(watts)
+        self.clock.advance(seconds)
+        self._account()
+
+    def energy_j(self) -> float:
+        self._account()
+        return self._energy_J
+
+    def identity(self) -> tuple:
+        return (*super().identity(), id(self))
