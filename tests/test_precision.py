@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,18 +24,27 @@ from lightning_energy import get_sampler
 from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode
 from lightning_energy.precision import MODE_LEGEND, MODE_NAMES, MODES, SwitchablePrecision, unavailable_reason
 from lightning_energy.precision_probe import _silenced_logging, reference_loss
+from power_limit_helpers import install_fake_time
 from precision_helpers import (
-    SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, ModePowerSensor, SleepyBoringModel,
+    SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, ModePowerSensor, SimulatedModeCosts,
+    SleepyBoringModel,
 )
 
 HERE = Path(__file__).resolve().parent
 CHEAP_W, DEAR_W = 1.0, 1000.0
 
 
-def cost_model(cheapest: str, pause_s: float = 0.05):
-    """A sensor that reads CHEAP_W in ``cheapest`` and DEAR_W in every other mode, and its follower."""
-    sensor = ModePowerSensor({name: CHEAP_W if name == cheapest else DEAR_W for name in MODE_NAMES})
-    return sensor, FollowMode(sensor, pause_s)
+@pytest.fixture
+def clock(monkeypatch):
+    """Fake time: steps take the simulated cost model's seconds, every figure is exact (``install_fake_time``)."""
+    return install_fake_time(monkeypatch.setattr)
+
+
+def cost_model(clock, cheapest: str, **kwargs):
+    """On fake time: an energy counter drawing CHEAP_W in ``cheapest`` and DEAR_W in every other mode, and the
+    simulated hardware driving it (put it after the PrecisionSwitch)."""
+    costs = SimulatedModeCosts(clock, {name: CHEAP_W if name == cheapest else DEAR_W for name in MODE_NAMES}, **kwargs)
+    return costs.counter, costs
 
 
 def switch(sensor=None, **kwargs) -> PrecisionSwitch:
@@ -276,22 +286,26 @@ def test_consecutive_skips_restart_when_the_mode_changes(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- profile, pick
 @pytest.mark.parametrize("watts, expected", [
-    # margins of 12x and 40x: the first 16-mixed step of a process can take several times longer
     ({"32-true": 300.0, "bf16-mixed": 10.0, "16-mixed": 120.0}, "bf16-mixed"),
     ({"32-true": 300.0, "bf16-mixed": 200.0, "16-mixed": 5.0}, "16-mixed"),
 ])
-def test_profile_then_pick_follows_the_simulated_cost_model(tmp_path, watts, expected, capsys):
-    sensor = ModePowerSensor(watts)
-    callback = switch(sensor, candidates=["32-true", "bf16-mixed", "16-mixed"], tolerance=0.5, warmup_steps=1,
+def test_profile_then_pick_follows_the_simulated_cost_model(tmp_path, watts, expected, capsys, clock):
+    costs = SimulatedModeCosts(clock, watts, noise=0.1)  # 10 % step-time noise: far below the power gaps
+    callback = switch(costs.counter, candidates=["32-true", "bf16-mixed", "16-mixed"], tolerance=0.5, warmup_steps=1,
                       profile_steps=4, verbose=True)
-    trainer = fit(tmp_path, FaultyRegressor(), [callback, FollowMode(sensor)], max_epochs=2)
+    trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, costs], max_epochs=2)
     profiles = callback.profiles
     assert list(profiles) == ["32-true", "bf16-mixed", "16-mixed"]
+    profiled = {name: [s for m, s in costs.steps if m == name] for name in profiles}
     for name, row in profiles.items():
         assert row["steps"] == 4
+        seconds = profiled[name][1:5]  # after the warm-up step
+        assert row["step_s"] == pytest.approx(statistics.fmean(seconds), rel=1e-9)
+        assert row["step_s_se"] == pytest.approx(statistics.stdev(seconds) / 2, rel=1e-6)
         assert row["power_W"] == pytest.approx(watts[name], rel=1e-9)  # the windows see only their own mode
         assert row["step_J"] == pytest.approx(watts[name] * row["step_s"], rel=1e-9)
     assert callback.chosen == expected == min(profiles, key=lambda n: profiles[n]["step_J"])
+    assert callback.profile_rounds == 1  # beyond noise at once
     assert trainer.precision_plugin.mode_name == expected
     assert profiles[expected]["status"] == "chosen" and profiles["32-true"]["loss_gap"] is None
     assert 0 < profiles["bf16-mixed"]["loss_gap"] < 0.5
@@ -302,13 +316,14 @@ def test_profile_then_pick_follows_the_simulated_cost_model(tmp_path, watts, exp
     assert rows["32-true"]["trained_steps"] == 1 + 4
     assert sum(row["trained_steps"] for row in rows.values()) == trainer.global_step
     assert rows[expected]["trained_J"] > 0 and report["energy_estimated"] is False
+    assert report["confidence"] == 0.95 and report["profile_rounds"] == 1
     assert [e["reason"].split(" ")[0] for e in report["switches"]][:2] == ["profiling", "profiling"]
     printed = capsys.readouterr().out
-    assert f"chosen {expected}" in printed and "loss gap" in printed
+    assert f"chosen {expected}" in printed and "loss gap" in printed and " +- " in printed
 
 
-def test_tolerance_rejects_a_cheap_mode_whose_loss_differs(tmp_path):
-    sensor, follow = cost_model("bf16-mixed")
+def test_tolerance_rejects_a_cheap_mode_whose_loss_differs(tmp_path, clock):
+    sensor, follow = cost_model(clock, "bf16-mixed")
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=1e-7)
     fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1)
     assert callback.chosen == "32-true"
@@ -333,8 +348,8 @@ def test_pick_mode_uses_the_objective_and_prefers_safer_on_ties():
 
 # ---------------------------------------------------------------------------------------------- guard
 @pytest.mark.parametrize("fault", ["nan", "inf"])
-def test_guard_falls_back_to_the_next_safer_mode_on_nan_or_inf(tmp_path, fault):
-    sensor, follow = cost_model("16-mixed-noscale")
+def test_guard_falls_back_to_the_next_safer_mode_on_nan_or_inf(tmp_path, fault, clock):
+    sensor, follow = cost_model(clock, "16-mixed-noscale")
     model = FaultyRegressor(fault=fault, fault_step=17, fault_steps=1, sleep_s=0.0)
     callback = switch(sensor, candidates=["32-true", "bf16-mixed", "16-mixed-noscale"], tolerance=0.5)
     trainer = fit(tmp_path, model, [callback, follow], max_epochs=3)
@@ -350,8 +365,8 @@ def test_guard_falls_back_to_the_next_safer_mode_on_nan_or_inf(tmp_path, fault):
     assert callback.report["modes"][-1]["status"].startswith("fell back at step 18")
 
 
-def test_nan_while_profiling_rejects_the_candidate(tmp_path):
-    sensor, follow = cost_model("bf16-mixed")
+def test_nan_while_profiling_rejects_the_candidate(tmp_path, clock):
+    sensor, follow = cost_model(clock, "bf16-mixed")
     model = FaultyRegressor(fault="nan", sleep_s=0.0)  # bf16 always NaN
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.5)
     trainer = fit(tmp_path, model, [callback, follow], max_epochs=1)
@@ -362,8 +377,8 @@ def test_nan_while_profiling_rejects_the_candidate(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_guard_falls_back_on_loss_drift(tmp_path):
-    sensor, follow = cost_model("bf16-mixed")
+def test_guard_falls_back_on_loss_drift(tmp_path, clock):
+    sensor, follow = cost_model(clock, "bf16-mixed")
     model = FaultyRegressor(fault="drift", fault_step=12, sleep_s=0.0)  # bf16's loss 10 % off from step 12
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.02, drift_patience=2)
     trainer = L.Trainer(callbacks=[callback, follow], logger=CSVLogger(str(tmp_path), name="csv"),
@@ -390,8 +405,8 @@ def test_guard_falls_back_on_loss_drift(tmp_path):
     assert max(float(r["precision/switches"]) for r in rows if r.get("precision/switches")) == len(callback.switches)
 
 
-def test_guard_falls_back_on_an_exploding_loss(tmp_path):
-    sensor, follow = cost_model("bf16-mixed")
+def test_guard_falls_back_on_an_exploding_loss(tmp_path, clock):
+    sensor, follow = cost_model(clock, "bf16-mixed")
     model = FaultyRegressor(fault="offset", fault_step=14, sleep_s=0.0)  # +100 on the loss, same gradients
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"], tolerance=0.5, probe=False)
     fit(tmp_path, model, [callback, follow], max_epochs=3)
@@ -412,10 +427,10 @@ def test_fixed_mode_never_switches_but_measures_the_gap(tmp_path):
     assert report["fixed_mode"] == "bf16-mixed" and report["modes"][0]["trained_steps"] == 20
 
 
-def test_tensorboard_gets_a_text_entry_per_switch(tmp_path):
+def test_tensorboard_gets_a_text_entry_per_switch(tmp_path, clock):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    sensor, follow = cost_model("bf16-mixed")
+    sensor, follow = cost_model(clock, "bf16-mixed")
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"])
     trainer = fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1,
                   logger=TensorBoardLogger(str(tmp_path), name="tb"))
@@ -448,8 +463,8 @@ def test_every_logger_gets_the_starting_mode_and_the_legend(tmp_path):
     assert trainer.precision_plugin.mode_name == "bf16-mixed"
 
 
-def test_nan_losses_in_the_reference_mode_are_reported_without_falling_back(tmp_path):
-    sensor, follow = cost_model("32-true")  # 32-true is the cheapest: it is chosen and then guarded
+def test_nan_losses_in_the_reference_mode_are_reported_without_falling_back(tmp_path, clock):
+    sensor, follow = cost_model(clock, "32-true")  # 32-true is the cheapest: it is chosen and then guarded
     # from step 12 (after profiling 2 x 5 steps) the loss is NaN in every mode, float32 included
     model = FaultyRegressor(fault="nan", fault_step=12, any_mode=True, sleep_s=0.0)
     callback = switch(sensor, candidates=["32-true", "bf16-mixed"])
@@ -472,15 +487,15 @@ def test_nan_losses_in_the_reference_mode_are_reported_without_falling_back(tmp_
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_resume_after_profiling_keeps_the_choice(tmp_path):
+def test_resume_after_profiling_keeps_the_choice(tmp_path, clock):
     ckpt_dir = tmp_path / "ckpt"
-    sensor, follow = cost_model("bf16-mixed")
+    sensor, follow = cost_model(clock, "bf16-mixed")
     first = switch(sensor, candidates=["32-true", "bf16-mixed"])
     fit(tmp_path, FaultyRegressor(sleep_s=0.0), [first, follow, ModelCheckpoint(dirpath=ckpt_dir, save_last=True)],
         max_epochs=1, enable_checkpointing=True)
     assert first.phase == "guarding" and len(first.switches) == 1
 
-    sensor, follow = cost_model("32-true")  # a different cost now: no new profiling may happen
+    sensor, follow = cost_model(clock, "32-true")  # a different cost now: no new profiling may happen
     second = switch(sensor, candidates=["32-true", "bf16-mixed"])
     seen = []
 
@@ -569,8 +584,8 @@ def test_environment_problems_fail_before_training(tmp_path):
     assert not get_sampler().running  # the failed fits released the shared sampler
 
 
-def test_a_cuda_only_candidate_is_dropped_on_cpu_with_a_warning(tmp_path):
-    sensor, follow = cost_model("bf16-mixed")
+def test_a_cuda_only_candidate_is_dropped_on_cpu_with_a_warning(tmp_path, clock):
+    sensor, follow = cost_model(clock, "bf16-mixed")
     callback = switch(sensor, candidates=["32-true", "tf32", "bf16-mixed"])
     with pytest.warns(UserWarning, match="candidate 'tf32' dropped: TF32 is a CUDA feature"):
         fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, follow], max_epochs=1)
@@ -595,7 +610,10 @@ def test_lightning_cli_config_fits_and_logs_the_profiled_modes(tmp_path, monkeyp
               "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={tmp_path}",
               f"--trainer.default_root_dir={tmp_path}",
               # the YAML's PrecisionSwitch (the last callback), shortened, on a simulated cost model
+              # two profiled steps a mode: one degree of freedom; at 50 % confidence the noise bound is one
+              # standard error, far below the 30x gap of real-time steps that all sleep STEP_SLEEP_S
               "--trainer.callbacks.init_args.warmup_steps=1", "--trainer.callbacks.init_args.profile_steps=2",
+              "--trainer.callbacks.init_args.confidence=0.5",
               "--trainer.callbacks.init_args.verbose=false",
               f"--trainer.callbacks.init_args.sensors={json.dumps(sensors)}",
               f"--trainer.callbacks.init_args.interval_s={SAMPLER_INTERVAL_S}",
