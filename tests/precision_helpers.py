@@ -177,24 +177,26 @@ class SimulatedModeCosts(L.Callback):
     """Simulated hardware on a fake clock: a step in mode ``m`` draws ``watts_by_mode[m]`` for ``step_s`` fake seconds.
 
     ``step_s``: ``step_s_by_mode[m]`` (default STEP_SLEEP_S for every mode) times ``1 + noise * z`` with ``z``
-    drawn from a seeded normal per batch (bounded to [-3, 3]): deterministic run-to-run noise. The energy goes
+    drawn from a seeded normal per batch (bounded to [-3, 3]): deterministic run-to-run noise; times
+    ``1 + drift_per_step * n`` at the n-th batch (a machine whose load drifts). The energy goes
     to :attr:`counter` (give it to ``PrecisionSwitch(sensors=[...])``). Put it after the ``PrecisionSwitch``
     in the callback list: it runs the step in ``on_train_batch_start``, after the timeline's start mark and
     the probe's replay (which takes no fake time), in the mode the step runs in.
     """
 
     def __init__(self, clock, watts_by_mode: dict[str, float], step_s_by_mode: dict[str, float] | None = None,
-                 noise: float = 0.0, seed: int = 0, name: str = "device") -> None:
+                 noise: float = 0.0, seed: int = 0, drift_per_step: float = 0.0, name: str = "device") -> None:
         self.counter = ClockedEnergyCounter(clock, name=name)
         self.watts_by_mode = dict(watts_by_mode)
         self.step_s_by_mode = dict(step_s_by_mode or {})
-        self.noise = noise
+        self.noise, self.drift_per_step = noise, drift_per_step
         self._random = random.Random(seed)
         self.steps: list[tuple[str, float]] = []  # (mode, fake seconds) of every batch
 
     def seconds(self, mode: str) -> float:
         z = max(-3.0, min(3.0, self._random.gauss(0.0, 1.0)))
-        return self.step_s_by_mode.get(mode, STEP_SLEEP_S) * (1.0 + self.noise * z)
+        drift = 1.0 + self.drift_per_step * len(self.steps)
+        return self.step_s_by_mode.get(mode, STEP_SLEEP_S) * (1.0 + self.noise * z) * drift
 
     def run(self, mode: str, seconds: float) -> None:
         """Draw the mode's power for ``seconds`` of fake time."""

@@ -62,7 +62,11 @@ class PrecisionSwitch(MeteredCallback):
        exceed the two-sided Student-t bound at ``confidence`` of its standard error. While the cheapest mode
        is within noise of ``32-true``, another round profiles the modes within noise of the cheapest, up to
        ``max_profile_rounds`` rounds; after that ``32-true`` is kept. Of several modes beyond noise cheaper
-       than ``32-true`` but within noise of each other, the safest (lowest code) is chosen.
+       than ``32-true`` but within noise of each other, the safest (lowest code) is chosen. A mode other
+       than ``32-true`` is chosen only at the end of a multiple of ``min_profile_rounds`` rounds (or of the last
+       round), each round in the reverse order of the one before and the rounds pooled: on a machine whose load
+       drifts, the mode profiled first can look cheaper by more than the per-step noise, in one order only;
+       with two rounds (AB, BA) a steady drift cancels in the pool.
     3. Guard. Every ``check_every_n_steps`` steps the gap is measured again, over the last ``probe_batches``
        steps before the check (each replayed in ``32-true``). The callback falls back to the next
        safer mode (the order of :data:`~lightning_energy.precision.MODE_NAMES`) on a non-finite gradient
@@ -114,8 +118,10 @@ class PrecisionSwitch(MeteredCallback):
         probe_batches: steps replayed in ``32-true`` before each guard check (>= 1; at most
             ``check_every_n_steps``): the gap of a check is over all of them.
         confidence: confidence level of the noise bound a pick must beat (in (0, 1)).
-        max_profile_rounds: most profiling rounds (>= 1); each later round profiles only the modes within
-            noise of the cheapest.
+        max_profile_rounds: most profiling rounds (>= 1); each later round profiles ``32-true`` and the modes
+            within noise of the cheapest.
+        min_profile_rounds: a mode other than ``32-true`` may be chosen after a multiple of this many rounds
+            (>= 1; 2: after pairs of rounds in opposite orders).
         drift_patience: consecutive checks beyond ``tolerance`` before falling back (>= 1).
         explode_factor: the loss counts as exploding above this multiple of the lowest window mean (> 1).
         max_consecutive_skips: with gradient scaling, skipped steps in a row that count as a failure (>= 1).
@@ -138,7 +144,8 @@ class PrecisionSwitch(MeteredCallback):
         check_every_n_steps: int = 50,
         probe_batches: int = 4,
         confidence: float = 0.95,
-        max_profile_rounds: int = 3,
+        max_profile_rounds: int = 4,
+        min_profile_rounds: int = 2,
         drift_patience: int = 2,
         explode_factor: float = 10.0,
         max_consecutive_skips: int = 10,
@@ -178,6 +185,7 @@ class PrecisionSwitch(MeteredCallback):
             raise ValueError(f"`confidence` must be a number in (0, 1), got {confidence!r}")
         self.confidence = float(confidence)
         self.max_profile_rounds = _int_at_least("max_profile_rounds", max_profile_rounds, 1)
+        self.min_profile_rounds = _int_at_least("min_profile_rounds", min_profile_rounds, 1)
         self.drift_patience = _int_at_least("drift_patience", drift_patience, 1)
         self.max_consecutive_skips = _int_at_least("max_consecutive_skips", max_consecutive_skips, 1)
         if objective not in OBJECTIVES:
@@ -434,11 +442,13 @@ class PrecisionSwitch(MeteredCallback):
             profiles = merge_profiles(gathered, self.plan)
             final = self.profile_rounds >= self.max_profile_rounds
             decision = settle_mode(profiles, self.tolerance, self.objective, self.confidence, final,
-                                   self.profile_rounds)
+                                   self.profile_rounds, self.min_profile_rounds)
             decision["profiles"] = profiles
         decision = trainer.strategy.broadcast(decision, src=0)
         if decision["chosen"] is None:
             self._round = [m for m in self.plan if m in decision["contenders"]]
+            if self.profile_rounds % 2:  # every other round in reverse order: load drift cancels in the pool
+                self._round.reverse()
             self._profile_index = 0
             rank_zero_info(f"PrecisionSwitch: {decision['reason']}")
             self._switch(trainer, self._round[0], self._profiling_reason())
@@ -816,14 +826,16 @@ def _beyond_noise(a: tuple, b: tuple, confidence: float) -> bool:
 
 
 def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, confidence: float = 0.95,
-                final: bool = True, rounds: int = 1) -> dict:
+                final: bool = True, rounds: int = 1, min_rounds: int = 1) -> dict:
     """Pick a mode when the profiles settle it; fills each row's ``status``.
 
     Returns ``{"chosen": mode or None, "reason": str, "contenders": [modes]}``. ``chosen`` is a mode other
     than ``32-true`` only when that mode is cheaper than ``32-true`` by more than the noise bound (the
     safest such mode within noise of the cheapest one); None when the cheapest mode is within noise of
     ``32-true`` and this is not the ``final`` round (``contenders``: the modes within noise of the cheapest,
-    to profile again); ``32-true`` when it is the cheapest or, in the final round, still within noise.
+    to profile again); ``32-true`` when it is the cheapest or, in the final round, still within noise. Before
+    a multiple of ``min_rounds`` rounds (and not ``final``) a mode other than ``32-true`` is not chosen yet:
+    ``contenders`` are then the modes to profile once more to confirm it.
     """
     eligible = {}
     for name, row in profiles.items():
@@ -856,6 +868,11 @@ def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, con
             ratio = cost[chosen][0] / reference[0] if reference[0] > 0 else math.nan
             reason = (f"profiled: cheaper than {REFERENCE_MODE} beyond noise by {label} "
                       f"({ratio:.3g} x its cost; {noise})")
+            if rounds % min_rounds and not final:
+                contenders = [n for n in eligible if n in contenders or n == REFERENCE_MODE]
+                chosen, reason = None, (f"{best} is cheaper than {REFERENCE_MODE} beyond noise by {objective} "
+                                        f"({ratio:.3g} x; {noise}): confirming in another round, "
+                                        f"{', '.join(contenders)}")
         elif not final:
             chosen, reason = None, (f"{best} is within noise of {REFERENCE_MODE} by {objective} ({noise}): "
                                     f"profiling {', '.join(contenders)} again")
