@@ -21,7 +21,7 @@ from torch import nn
 
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import get_sampler
-from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode
+from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode, settle_mode
 from lightning_energy.precision import MODE_LEGEND, MODE_NAMES, MODES, SwitchablePrecision, unavailable_reason
 from lightning_energy.precision_probe import _silenced_logging, reference_loss
 from power_limit_helpers import install_fake_time
@@ -345,6 +345,30 @@ def test_pick_mode_uses_the_objective_and_prefers_safer_on_ties():
     assert profiles["16-mixed"]["status"].startswith("rejected: loss gap")
     tie = {"32-true": row(1.0, 1.0, None), "bf16-mixed": row(1.0, 1.0)}
     assert pick_mode(tie, 0.1, "energy")[0] == "32-true"
+
+
+def test_settle_mode_needs_a_difference_beyond_the_noise():
+    def row(step_J, se, steps=20):
+        return {"step_J": step_J, "step_J_se": se, "step_s": 1.0, "step_s_se": 0.0, "steps": steps,
+                "loss_gap": 0.0, "failure": None, "nonfinite_losses": 0, "status": ""}
+
+    t19 = 2.093  # Student-t, 95 % two-sided, 19 degrees of freedom
+    bound = t19 * math.hypot(0.1, 0.1)
+    near = {"32-true": row(10.0, 0.1), "bf16-mixed": row(10.0 - 0.9 * bound, 0.1)}
+    first = settle_mode(near, 0.1, "energy", final=False)
+    assert first["chosen"] is None and first["contenders"] == ["32-true", "bf16-mixed"]
+    last = settle_mode(near, 0.1, "energy", final=True)
+    assert last["chosen"] == "32-true" and "no mode cheaper than 32-true beyond noise" in last["reason"]
+    far = {"32-true": row(10.0, 0.1), "bf16-mixed": row(10.0 - 1.1 * bound, 0.1)}
+    assert settle_mode(far, 0.1, "energy", final=False)["chosen"] == "bf16-mixed"
+    pending = settle_mode(far, 0.1, "energy", final=False, rounds=1, min_rounds=2)  # a pair of rounds first
+    assert pending["chosen"] is None and pending["contenders"] == ["32-true", "bf16-mixed"]
+    assert settle_mode(far, 0.1, "energy", final=False, rounds=2, min_rounds=2)["chosen"] == "bf16-mixed"
+    # two reduced modes cheaper beyond noise but within noise of each other: the safer one
+    tied = {"32-true": row(10.0, 0.1), "bf16-mixed": row(8.0, 0.1), "16-mixed": row(7.9, 0.1)}
+    assert settle_mode(tied, 0.1, "energy")["chosen"] == "bf16-mixed"
+    unknown = {"32-true": row(10.0, None, 1), "bf16-mixed": row(1.0, None, 1)}  # one step: no spread known
+    assert settle_mode(unknown, 0.1, "energy", final=True)["chosen"] == "32-true"
 
 
 # ---------------------------------------------------------------------------------------------- guard
