@@ -369,6 +369,14 @@ def test_settle_mode_needs_a_difference_beyond_the_noise():
     assert settle_mode(tied, 0.1, "energy")["chosen"] == "bf16-mixed"
     unknown = {"32-true": row(10.0, None, 1), "bf16-mixed": row(1.0, None, 1)}  # one step: no spread known
     assert settle_mode(unknown, 0.1, "energy", final=True)["chosen"] == "32-true"
+    # steps that agree within each round, round means that do not (a machine whose load changed): the
+    # rounds' spread is the noise, with rounds - 1 degrees of freedom
+    drifting = {"32-true": {**row(10.0, 0.01), "rounds": 2, "step_J_round_se": 1.0},
+                "bf16-mixed": {**row(8.0, 0.01), "rounds": 2, "step_J_round_se": 1.0}}
+    assert settle_mode(drifting, 0.1, "energy", final=True)["chosen"] == "32-true"
+    for mode_row in drifting.values():
+        mode_row["step_J_round_se"] = 0.005  # below the steps' own: the steps' bound applies
+    assert settle_mode(drifting, 0.1, "energy", final=True)["chosen"] == "bf16-mixed"
 
 
 # ---------------------------------------------------------------------------------------------- guard
@@ -821,11 +829,12 @@ def test_at_parity_a_mean_of_a_few_steps_favours_bf16_by_chance():
 
 
 def test_a_small_real_difference_is_settled_by_more_rounds(tmp_path, clock):
-    """bf16-mixed draws 20 % less with 20 % step-time noise: one round of 4 steps cannot tell, more can."""
+    """bf16-mixed draws 20 % less with 20 % step-time noise: one round of 4 steps cannot tell, more can (the
+    bound then follows the spread of the round means, with rounds - 1 degrees of freedom)."""
     costs = SimulatedModeCosts(clock, {"32-true": 100.0, "bf16-mixed": 80.0}, noise=0.2, seed=0)
-    callback = two_mode_switch(costs, max_profile_rounds=8)
-    fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, costs], max_epochs=9, logger=False)
-    assert callback.chosen == "bf16-mixed" and 1 < callback.profile_rounds < 8
+    callback = two_mode_switch(costs, max_profile_rounds=12)
+    fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, costs], max_epochs=13, logger=False)
+    assert callback.chosen == "bf16-mixed" and 1 < callback.profile_rounds < 12
     assert callback.decision.startswith("profiled: cheaper than 32-true beyond noise")
     ref, bf16 = callback.profiles["32-true"], callback.profiles["bf16-mixed"]
     assert ref["step_J"] - bf16["step_J"] > 2 * math.hypot(ref["step_J_se"], bf16["step_J_se"])

@@ -228,11 +228,11 @@ class PrecisionSwitch(MeteredCallback):
         self._batch_mode: str | None = None
         self._ref_loss: torch.Tensor | None = None
         # per optimizer step (Lightning's step number, the one its StepFigures carry), tagged at its first
-        # batch: (the mode it runs in, the mode whose profile it counts in or None); the figures arrive a
-        # few steps later and are summed per mode
+        # batch: (the mode it runs in, the mode whose profile it counts in or None, the profiling round); the
+        # figures arrive a few steps later and are summed per mode
         self._step_tags: dict[int, tuple[str, str | None]] = {}
         self._step_begun: int | None = None
-        self._profile_steps: dict[str, list] = {}  # mode -> [step, J, s] of its profile steps (this rank)
+        self._profile_steps: dict[str, list] = {}  # mode -> [step, J, s, round] of its profile steps (this rank)
         self._trained: dict[str, _Sums] = {}  # mode -> every step trained in it (this rank)
         self._probes = _Sums()  # the steps with a probe: the probes' own energy and time (this rank)
         self._skips_before = 0
@@ -330,7 +330,7 @@ class PrecisionSwitch(MeteredCallback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
             self._step_begun = step
-            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode))
+            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode), self.profile_rounds)
         self._ref_loss = None
         if self._probe_enabled and self._probe_due():
             with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
@@ -356,12 +356,12 @@ class PrecisionSwitch(MeteredCallback):
         tag = self._step_tags.pop(figures.step, None)
         if tag is None:
             return
-        mode, profiled = tag
+        mode, profiled, profile_round = tag
         m = figures.measurement
         joules = sum(m.energy_J.get(name, 0.0) for name in self._names)
         self._trained.setdefault(mode, _Sums()).add(joules, m.duration_s)
         if profiled is not None:
-            self._profile_steps.setdefault(profiled, []).append([figures.step, joules, m.duration_s])
+            self._profile_steps.setdefault(profiled, []).append([figures.step, joules, m.duration_s, profile_round])
         probe = figures.extras.get(PROBE)
         if probe is not None:
             self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
@@ -752,7 +752,10 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
 
     Per profiled step (Lightning's step number): J summed over ranks, s of the slowest rank; the row holds
     their means over the steps (``step_J``, ``step_s``), the standard errors of those means (``step_J_se``,
-    ``step_s_se``; None below two steps) and the loss statistics summed over ranks."""
+    ``step_s_se``; None below two steps), the same from the means of the profiling rounds
+    (``step_J_round_se``, ``step_s_round_se``; None below two rounds: the noise of a machine whose load
+    changes from one round to the next, which the steps of one round do not show) and the loss statistics
+    summed over ranks."""
     rows: dict[str, dict] = {}
     for name in plan:
         parts = [p[name] for p in per_rank if name in p]
@@ -761,12 +764,17 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
         stats = [sum(p["stats"][i] for p in parts) for i in range(N_STATS)]
         by_step: dict[int, list[float]] = {}
         for part in parts:
-            for step, joules, seconds in part["per_step"]:
-                merged = by_step.setdefault(int(step), [0.0, 0.0])
+            for step, joules, seconds, profile_round in part["per_step"]:
+                merged = by_step.setdefault(int(step), [0.0, 0.0, profile_round])
                 merged[0] += joules
                 merged[1] = max(merged[1], seconds)
         step_J, step_J_se = _mean_and_se([v[0] for v in by_step.values()])
         step_s, step_s_se = _mean_and_se([v[1] for v in by_step.values()])
+        by_round: dict[int, list[list[float]]] = {}
+        for joules, seconds, profile_round in by_step.values():
+            by_round.setdefault(int(profile_round), []).append([joules, seconds])
+        round_J = [math.fsum(v[0] for v in steps) / len(steps) for steps in by_round.values()]
+        round_s = [math.fsum(v[1] for v in steps) / len(steps) for steps in by_round.values()]
         failure = next((p["failure"] for p in parts if p["failure"]), None)
         rows[name] = {
             "mode": name,
@@ -776,6 +784,9 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
             "step_s": step_s,
             "step_J_se": step_J_se,
             "step_s_se": step_s_se,
+            "rounds": len(by_round),
+            "step_J_round_se": _mean_and_se(round_J)[1],
+            "step_s_round_se": _mean_and_se(round_s)[1],
             "power_W": step_J / step_s if step_J is not None and step_s else None,
             "loss_gap": _gap(stats),
             "mean_loss": stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None,
@@ -787,25 +798,33 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
 
 
 def _objective_of(row: dict, objective: str) -> tuple[float, float, float]:
-    """(cost, standard error, steps) of a row by ``objective``. A row without ``*_se`` fields is exact (se 0);
-    one whose standard error is unknown (fewer than two steps) has an infinite one."""
-    def part(key: str) -> tuple[float, float]:
+    """(cost, standard error, degrees of freedom) of a row by ``objective``.
+
+    The standard error is the larger of the one from the steps and the one from the round means (with
+    the degrees of freedom of whichever is used). A row without ``*_se`` fields is exact (se 0); one whose
+    standard error is unknown (fewer than two steps) has an infinite one."""
+    steps, rounds = row.get("steps", math.inf), row.get("rounds", 1)
+
+    def part(key: str) -> tuple[float, float, float]:
         value = row.get(key)
         if value is None:
-            return math.inf, math.inf
-        se = row.get(f"{key}_se", 0.0)
-        return value, (math.inf if se is None else se)
+            return math.inf, math.inf, 0
+        se, dof = row.get(f"{key}_se", 0.0), steps - 1
+        se = math.inf if se is None else se
+        round_se = row.get(f"{key}_round_se")
+        if round_se is not None and round_se > se:
+            se, dof = round_se, rounds - 1
+        return value, se, dof
 
     energy, time_ = part("step_J"), part("step_s")
-    steps = row.get("steps", math.inf)
     if objective == "energy":
-        return (*energy, steps)
+        return energy
     if objective == "time":
-        return (*time_, steps)
+        return time_
     # edp = J * s; its standard error by the delta method
     cost = energy[0] * time_[0]
     se = math.hypot(time_[0] * energy[1], energy[0] * time_[1]) if math.isfinite(cost) else math.inf
-    return cost, se, steps
+    return cost, se, min(energy[2], time_[2])
 
 
 def _t_quantile(confidence: float, dof: float) -> float:
@@ -817,11 +836,11 @@ def _t_quantile(confidence: float, dof: float) -> float:
 
 
 def _beyond_noise(a: tuple, b: tuple, confidence: float) -> bool:
-    """True when two (cost, se, steps) differ by more than the noise bound at ``confidence``."""
-    (ca, sa, na), (cb, sb, nb) = a, b
+    """True when two (cost, se, degrees of freedom) differ by more than the noise bound at ``confidence``."""
+    (ca, sa, da), (cb, sb, db) = a, b
     if not (math.isfinite(ca) and math.isfinite(cb) and math.isfinite(sa) and math.isfinite(sb)):
         return False
-    bound = _t_quantile(confidence, min(na, nb) - 1) * math.hypot(sa, sb)
+    bound = _t_quantile(confidence, min(da, db)) * math.hypot(sa, sb)
     return abs(ca - cb) > bound
 
 
