@@ -48,10 +48,10 @@ class PrecisionSwitch(MeteredCallback):
        suite callback reads) gives energy and time of every step, so each mode has a mean per step and its
        standard error. Every mode is profiled under the same synchronisation: while profiling, ``32-true``
        steps pay the same per-step gradient check (one pass over the gradients, one host-device
-       synchronisation) as the reduced modes do, but never skip a step. On every profiling step of a candidate the callback
-       replays ``training_step`` on the same batch, weights and random numbers in ``32-true`` (under
-       ``torch.no_grad``, logging silenced, buffers and torchmetrics states restored afterwards) and records
-       the relative loss gap ``|loss - reference| / |reference|``. The replay is a named sub-window of the
+       synchronisation) as the reduced modes do, but never skip a step. On every profiling step of a
+       candidate the callback replays ``training_step`` on the same batch, weights and random numbers in
+       ``32-true`` (under ``torch.no_grad``, logging silenced, buffers and torchmetrics states restored
+       afterwards) and keeps the reference loss beside the step's. The replay is a named sub-window of the
        step (``precision_probe``): no step figure includes it, whatever the order of ``Trainer(callbacks=[...])``,
        and an EnergyCallback logs it apart as ``energy/extra/precision_probe_J`` and
        ``time/extra/precision_probe_s``. The loss gap of a set of probed steps is the relative gap of their
@@ -115,8 +115,8 @@ class PrecisionSwitch(MeteredCallback):
         warmup_steps: steps per profiled mode before measuring (>= 0).
         profile_steps: measured steps per profiled mode (>= 1).
         check_every_n_steps: steps between guard checks after profiling (0: no checks).
-        probe_batches: steps replayed in ``32-true`` before each guard check (>= 1; at most
-            ``check_every_n_steps``): the gap of a check is over all of them.
+        probe_batches: steps replayed in ``32-true`` before each guard check (>= 1; every step when
+            ``check_every_n_steps`` is smaller): the gap of a check is over all of them.
         confidence: confidence level of the noise bound a pick must beat (in (0, 1)).
         max_profile_rounds: most profiling rounds (>= 1); each later round profiles ``32-true`` and the modes
             within noise of the cheapest.
