@@ -15,8 +15,19 @@ number of steps from the same initial weights on the same batches, in a fixed mo
 A last run lets ``PrecisionSwitch`` choose among the candidate modes (profile, pick, guard) under the same
 budget. Modes a device lacks (``tf32`` off CUDA) are listed as skipped.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/precision.py [--steps 200] [--modes 32-true bf16-mixed]``.
-Writes ``benchmarks/results/precision.json`` (per-mode figures, the automatic choice, machine).
+Pick stability: ``--repeats`` fits (default 5) of one and the same config, ``PrecisionSwitch`` choosing between
+``32-true`` and ``bf16-mixed`` (warm-up 5, 20 profiled steps a mode), for each batch size of
+``--stability-batches``, and once more as an A/A test at batch 512 (``--no-aa`` leaves it out): the model
+turns autocast off inside ``training_step``, so both "modes" run the same float32 arithmetic and are at
+parity by construction; only the machine's timing noise tells them apart. Two rules, run alternately in
+the same process: the pick beyond noise
+(95 % Student-t bound, up to 3 profiling rounds, else 32-true) and the mean of one round (what the callback
+did before: the lower mean wins, whatever the noise; ``confidence`` ~0, one round). A rule is stable when
+every repeat picks the same mode.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/precision.py [--steps 200] [--modes 32-true bf16-mixed]
+[--repeats 5] [--stability-only]``. Writes ``benchmarks/results/precision.json`` (per-mode figures, the
+automatic choice, the stability fits, machine). Timings depend on what else runs on the machine.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ os.environ["MKL_NUM_THREADS"] = "1"
 os.environ.setdefault("CODECARBON_LOG_LEVEL", "error")
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import contextlib  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
@@ -62,19 +74,30 @@ EVAL_ROWS = 8192
 WARMUP_STEPS = 10  # steps per fit left out of the time statistics
 CHECK_EVERY = 50  # PrecisionSwitch guard checks (the loss gap is measured at each)
 AUTO_CANDIDATES = ("32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscale")
+STABILITY_CANDIDATES = ("32-true", "bf16-mixed")
+STABILITY_WARMUP, STABILITY_PROFILE, STABILITY_ROUNDS = 5, 20, 3
+RULES = {  # PrecisionSwitch arguments of each pick rule
+    "beyond noise": {"confidence": 0.95, "max_profile_rounds": STABILITY_ROUNDS},
+    "mean of one round": {"confidence": 1e-9, "max_profile_rounds": 1},  # a bound of ~0: the lower mean wins
+}
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "precision.json"
 
 
 class BalerLit(LightningModule):
-    """Baler's AE with Baler's loss (Σ(x̂−x)² / n_columns per batch) and optimiser."""
+    """Baler's AE with Baler's loss (Σ(x̂−x)² / n_columns per batch) and optimiser.
 
-    def __init__(self) -> None:
+    ``same_arithmetic``: autocast off inside the step, so every precision mode computes in float32 (A/A test).
+    """
+
+    def __init__(self, same_arithmetic: bool = False) -> None:
         super().__init__()
         self.model = AE((N_COLUMNS,), LATENT)
+        self.same_arithmetic = same_arithmetic
 
     def training_step(self, batch: tuple[torch.Tensor], batch_idx: int) -> torch.Tensor:
         (x,) = batch
-        loss = (self.model(x) - x).square().sum() / N_COLUMNS
+        with torch.autocast(x.device.type, enabled=not self.same_arithmetic and torch.is_autocast_enabled(x.device.type)):
+            loss = (self.model(x) - x).square().sum() / N_COLUMNS
         self.log("train/loss", loss)
         return loss
 
@@ -85,8 +108,8 @@ class BalerLit(LightningModule):
 class Batches:
     """Pre-built in-memory batches served in order (Baler never shuffles)."""
 
-    def __init__(self, data: torch.Tensor) -> None:
-        self.batches = [(b,) for b in data.split(BATCH) if len(b) == BATCH]
+    def __init__(self, data: torch.Tensor, batch: int = BATCH) -> None:
+        self.batches = [(b,) for b in data.split(batch) if len(b) == batch]
 
     def __iter__(self):
         return iter(self.batches)
@@ -160,6 +183,64 @@ def fit_once(callback: PrecisionSwitch, steps: int, train: torch.Tensor, held_ou
     }
 
 
+def stability_fit(rule: str, batch: int, train: torch.Tensor, same_arithmetic: bool = False) -> dict[str, Any]:
+    """One fit in which PrecisionSwitch picks between STABILITY_CANDIDATES under ``rule``."""
+    steps = STABILITY_ROUNDS * len(STABILITY_CANDIDATES) * (STABILITY_WARMUP + STABILITY_PROFILE) + 10
+    callback = PrecisionSwitch(candidates=list(STABILITY_CANDIDATES), tolerance=0.02, warmup_steps=STABILITY_WARMUP,
+                               profile_steps=STABILITY_PROFILE, check_every_n_steps=0, verbose=False, **RULES[rule])
+    torch.manual_seed(0)
+    module = BalerLit(same_arithmetic)
+    with tempfile.TemporaryDirectory() as root:
+        trainer = Trainer(max_steps=steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+                          num_sanity_val_steps=0, callbacks=[callback])
+        trainer.fit(module, Batches(train, batch))
+    profiles = {name: {k: row[k] for k in ("steps", "step_J", "step_J_se", "step_s", "step_s_se", "loss_gap")}
+                for name, row in callback.profiles.items()}
+    return {"rule": rule, "batch": batch, "config": f"AE {batch}" + (" A/A" if same_arithmetic else ""),
+            "chosen": callback.chosen, "rounds": callback.profile_rounds,
+            "decision": callback.decision, "profiles": profiles, "energy_estimated": callback.report["energy_estimated"]}
+
+
+def stability(configs: list[tuple[int, bool]], repeats: int) -> list[dict]:
+    """``repeats`` fits per (batch, same_arithmetic) config and rule, the rules alternating (the same machine
+    state for both)."""
+    steps = STABILITY_ROUNDS * len(STABILITY_CANDIDATES) * (STABILITY_WARMUP + STABILITY_PROFILE) + 10
+    fits = []
+    for batch, same_arithmetic in configs:
+        train, _ = make_data(steps * batch)
+        for repeat in range(repeats):
+            for rule in RULES:
+                fit = stability_fit(rule, batch, train, same_arithmetic)
+                fit["repeat"] = repeat
+                fits.append(fit)
+                print(f"  {fit['config']} repeat {repeat + 1}/{repeats} {rule}: {fit['chosen']} after {fit['rounds']} "
+                      f"round(s); bf16/32 J per step {_ratio(fit)}", flush=True)
+    return fits
+
+
+def _ratio(fit: dict) -> str:
+    p = fit["profiles"]
+    if "bf16-mixed" not in p or not p["32-true"]["step_J"] or p["bf16-mixed"]["step_J"] is None:
+        return "-"
+    return f"{p['bf16-mixed']['step_J'] / p['32-true']['step_J']:.3f}"
+
+
+def format_stability(fits: list[dict]) -> str:
+    lines = [f"{'config':<12}{'rule':<18}{'picks':<34}{'stable':>7}{'rounds':>8}{'bf16/32 J (median)':>20}"]
+    groups: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for fit in fits:
+        groups[(fit["config"], fit["rule"])].append(fit)
+    for (config, rule), group in groups.items():
+        picks = collections.Counter(f["chosen"] for f in group)
+        ratios = [float(_ratio(f)) for f in group if _ratio(f) != "-"]
+        rounds = statistics.median(f["rounds"] for f in group)
+        lines.append(f"{config:<12}{rule:<18}{', '.join(f'{m} x{n}' for m, n in picks.most_common()):<34}"
+                     f"{'yes' if len(picks) == 1 else 'no':>7}{rounds:>8g}"
+                     f"{(f'{statistics.median(ratios):.3f}' if ratios else '-'):>20}")
+    return "\n".join(lines)
+
+
 def format_table(results: dict[str, dict], auto: dict | None, label: str) -> str:
     lines = [f"{'mode':<18}{'ms/step':>9}{f'J/step ({label})':>22}{'held-out MSE':>14}{'loss gap':>10}"
              f"{'skipped':>9}"]
@@ -183,14 +264,15 @@ def _fmt(value: float | None) -> str:
 def machine_info() -> dict[str, Any]:
     import lightning
 
-    cpu = platform.processor()
+    cpu, flags = platform.processor(), []
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == platform.processor():
                 cpu = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:  # the features that decide bf16 speed on a CPU
+                flags = sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx512", "amx", "avx2")))
     return {
-        "python": platform.python_version(), "platform": platform.platform(), "cpu_model": cpu,
+        "python": platform.python_version(), "platform": platform.platform(), "cpu_model": cpu, "cpu_flags": flags,
         "cpu_count": os.cpu_count(), "torch": torch.__version__, "lightning": lightning.__version__,
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -213,8 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=list(MODE_NAMES), choices=MODE_NAMES, metavar="MODE",
                         help=f"modes to run (default: all of {', '.join(MODE_NAMES)})")
     parser.add_argument("--no-auto", action="store_true", help="skip the run where PrecisionSwitch chooses")
+    parser.add_argument("--repeats", type=int, default=5, help="fits per rule and batch size for pick stability")
+    parser.add_argument("--stability-batches", type=int, nargs="+", default=[BATCH, 64], metavar="B",
+                        help=f"batch sizes of the stability fits (default {BATCH} 64)")
+    parser.add_argument("--stability-only", action="store_true", help="only the pick-stability fits")
+    parser.add_argument("--no-aa", action="store_true", help="leave out the A/A stability config")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     args = parser.parse_args(argv)
+    if args.repeats < 1 or any(b < 1 for b in args.stability_batches):
+        parser.error("--repeats and --stability-batches must be >= 1")
     if args.steps <= 2 * WARMUP_STEPS + CHECK_EVERY:
         parser.error(f"--steps must be > {2 * WARMUP_STEPS + CHECK_EVERY}")
 
@@ -224,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"precision benchmark: Baler AE, batch {BATCH}, {args.steps} steps per mode on {device_type}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
     results: dict[str, dict] = {}
-    for name in args.modes:
+    for name in ([] if args.stability_only else args.modes):
         if reason := unavailable_reason(MODES[name], device_type):
             results[name] = {"skipped": reason}
             continue
@@ -232,17 +321,23 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = fit_once(callback, args.steps, train, held_out)
         print(f"  {name}: {results[name]['step_s'] * 1e3:.2f} ms/step", flush=True)
     auto = None
-    if not args.no_auto:
+    if not (args.no_auto or args.stability_only):
         candidates = [m for m in AUTO_CANDIDATES if unavailable_reason(MODES[m], device_type) is None]
         callback = PrecisionSwitch(candidates=candidates, tolerance=0.02, check_every_n_steps=CHECK_EVERY,
                                    verbose=False)
         auto = fit_once(callback, args.steps, train, held_out)
         auto.update(chosen=callback.chosen, final_mode=callback.plugin.mode_name, decision=callback.decision,
                     candidates=candidates)
-    measured = [r for r in results.values() if "skipped" not in r] + ([auto] if auto else [])
+    print(f"pick stability: {args.repeats} fits per rule and batch size, {' vs '.join(STABILITY_CANDIDATES)}",
+          flush=True)
+    configs = [(b, False) for b in args.stability_batches] + ([] if args.no_aa else [(BATCH, True)])
+    fits = stability(configs, args.repeats)
+    measured = [r for r in results.values() if "skipped" not in r] + ([auto] if auto else []) + fits
     estimated = any(r["energy_estimated"] for r in measured)
     label = "CPU estimate" if estimated else "measured"
-    print(format_table(results, auto, label), flush=True)
+    if results or auto:
+        print(format_table(results, auto, label), flush=True)
+    print(f"pick stability (energy per step, {label}):\n" + format_stability(fits), flush=True)
     for r in results.values():
         r.pop("report", None)  # the auto run keeps its report: the profiled per-mode table
     out = {
@@ -254,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         "energy_label": label,
         "modes": results,
         "auto": auto,
+        "stability": {"candidates": list(STABILITY_CANDIDATES), "warmup_steps": STABILITY_WARMUP,
+                      "profile_steps": STABILITY_PROFILE, "rules": RULES, "repeats": args.repeats,
+                      "configs": [{"batch": b, "same_arithmetic": a} for b, a in configs], "fits": fits},
         "machine": machine_info(),
     }
     path = atomic_write_json(args.out, out)

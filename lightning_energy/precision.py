@@ -118,6 +118,10 @@ class SwitchablePrecision(Precision):
         device_type: ``"cpu"`` or ``"cuda"``; None reads it from the model's parameters at setup.
 
     Attributes:
+        check_reference_steps: with ``skip_nonfinite_steps``, ``32-true`` and ``64-true`` steps also run the
+            gradient check (the same pass and synchronisation) but never skip: ``PrecisionSwitch`` sets it
+            while profiling so that every mode is measured under the same synchronisation regime.
+        nonfinite_reference_steps: ``32-true``/``64-true`` steps that check found non-finite (and stepped).
         skipped_steps: optimizer steps skipped because of non-finite gradients (scaler skips included).
         consecutive_skips: skipped steps in a row up to the latest optimizer step, in the current mode.
     """
@@ -139,6 +143,8 @@ class SwitchablePrecision(Precision):
         self._saved_flags: tuple | None = None  # the user's TF32 switches, restored at teardown
         self.skipped_steps = 0
         self.consecutive_skips = 0
+        self.check_reference_steps = False
+        self.nonfinite_reference_steps = 0
 
     # ---------------------------------------------------------------- mode
     @property
@@ -235,6 +241,7 @@ class SwitchablePrecision(Precision):
 
     def teardown(self) -> None:
         self._restore_flags()
+        self.check_reference_steps = False
         self._connected_dtype = None
         self._grads_pending = False
         if self._pending is not None:
@@ -296,6 +303,8 @@ class SwitchablePrecision(Precision):
             if self.scaler is not None:
                 return self._scaled_step(optimizer, model, closure, **kwargs)
             if not (self.skip_nonfinite_steps and self._mode.reduced) or isinstance(optimizer, LBFGS):
+                if self.check_reference_steps and self.skip_nonfinite_steps and not isinstance(optimizer, LBFGS):
+                    closure = self._checking_closure(optimizer, closure)
                 return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
             return self._checked_step(optimizer, model, closure, **kwargs)
         finally:
@@ -345,6 +354,17 @@ class SwitchablePrecision(Precision):
             return closure_result
         self._count_step(skipped=False)
         return optimizer.step(**kwargs)
+
+    def _checking_closure(self, optimizer, closure: Callable[[], Any]) -> Callable[[], Any]:
+        """``closure`` followed by the reduced modes' gradient check, whose verdict is only counted: the
+        full-precision step pays the same pass and synchronisation, and steps exactly as without it."""
+        def checked() -> Any:
+            result = closure()
+            if not gradients_finite(optimizer):
+                self.nonfinite_reference_steps += 1
+            return result
+
+        return checked
 
     def _count_step(self, skipped: bool) -> None:
         if skipped:

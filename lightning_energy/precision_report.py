@@ -15,6 +15,7 @@ def build_precision_report(
     decision: str | None, final_mode: str, phase: str, profiles: dict[str, dict], rejected: dict[str, str],
     trained_per_rank: list[dict[str, dict]], switches: list[dict], checks: list[dict], checks_total: int,
     skipped_steps: int, estimated: bool, nonfinite_losses: int = 0, probes_per_rank: list[dict] = (),
+    confidence: float | None = None, profile_rounds: int = 0, probe_batches: int | None = None,
 ) -> dict:
     """The report as a JSON-ready dict. ``trained_per_rank``: per rank, mode -> steps, energy_J, seconds
     (the probes excluded); ``probes_per_rank``: per rank, the probes' steps, energy_J and seconds."""
@@ -34,6 +35,11 @@ def build_precision_report(
             "profiled_steps": profile.get("steps", 0),
             "step_J": profile.get("step_J"),
             "step_s": profile.get("step_s"),
+            "step_J_se": profile.get("step_J_se"),
+            "step_s_se": profile.get("step_s_se"),
+            "profiled_rounds": profile.get("rounds", 0),
+            "step_J_round_se": profile.get("step_J_round_se"),
+            "step_s_round_se": profile.get("step_s_round_se"),
             "power_W": profile.get("power_W"),
             "loss_gap": profile.get("loss_gap"),
             "mean_loss": profile.get("mean_loss"),
@@ -54,6 +60,9 @@ def build_precision_report(
         "candidates": list(plan),
         "tolerance": tolerance,
         "objective": objective,
+        "confidence": confidence,
+        "profile_rounds": profile_rounds,
+        "probe_batches": probe_batches,
         "phase": phase,
         "chosen": chosen,
         "decision": decision,
@@ -88,12 +97,13 @@ def format_precision_report(report: dict) -> str:
     lines = [head]
     if report["decision"] and not report["fixed_mode"]:
         lines.append(f"  decision: {report['decision']}")
-    columns = f"  {'mode':<17}{'code':>4}{'prof J/step':>13}{'prof s/step':>13}{'loss gap':>10}" \
+    columns = f"  {'mode':<17}{'code':>4}{'prof J/step':>20}{'prof s/step':>20}{'loss gap':>10}" \
               f"{'steps':>8}{'trained J':>12}  status"
     lines.append(columns)
-    for row in report["modes"]:
+    for row in report["modes"]:  # mean +- standard error of the profiled steps
         lines.append(
-            f"  {row['mode']:<17}{row['code']:>4}{_num(row['step_J']):>13}{_num(row['step_s']):>13}"
+            f"  {row['mode']:<17}{row['code']:>4}{_pm(row['step_J'], row.get('step_J_se')):>20}"
+            f"{_pm(row['step_s'], row.get('step_s_se')):>20}"
             f"{_num(row['loss_gap']):>10}{row['trained_steps']:>8}{_num(row['trained_J']):>12}  {row['status']}"
         )
     for event in report["switches"]:
@@ -109,3 +119,8 @@ def format_precision_report(report: dict) -> str:
 
 def _num(value) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def _pm(value, se) -> str:
+    """``mean +- se`` (the standard error left out when unknown)."""
+    return _num(value) if value is None or se is None else f"{value:.4g} +- {se:.2g}"

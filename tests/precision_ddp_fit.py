@@ -46,7 +46,8 @@ if __name__ == "__main__":
     sensor = ModePowerSensor(WATTS[rank])
     switch = PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"], tolerance=0.5, warmup_steps=1,
                              profile_steps=3, check_every_n_steps=2, sensors=[sensor], interval_s=SAMPLER_INTERVAL_S,
-                             verbose=False)
+                             confidence=0.5, min_profile_rounds=1,  # real time, 3 steps: a bound of ~0.8 standard
+                             verbose=False)  # errors; one round (the 1000x gaps need no confirmation)
     trainer = L.Trainer(
         strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, default_root_dir=out_dir,
         callbacks=[switch, FollowMode(sensor, pause_s=0.05), Record(out_dir, switch)], enable_progress_bar=False,

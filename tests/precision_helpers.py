@@ -1,7 +1,14 @@
-"""Helpers for the precision tests and the DDP script: a simulated per-mode cost model and fault injection."""
+"""Helpers for the precision tests and the DDP script: simulated per-mode cost models and fault injection.
+
+Two cost models: :class:`SimulatedModeCosts` on fake time (``power_limit_helpers.install_fake_time``): each
+step's mode sets its fake duration and its power on an exact energy counter, so profiles, picks and
+energies are deterministic; :class:`ModePowerSensor` + :class:`FollowMode` in real time (steps sleep), for
+the DDP script and configs, where only choices far beyond any jitter may be asserted.
+"""
 
 from __future__ import annotations
 
+import random
 import time
 
 import lightning as L
@@ -75,11 +82,15 @@ class FaultyRegressor(TinyRegressor):
     ``fault_steps`` steps, None: for ever):
     ``"nan"`` / ``"inf"`` make the loss NaN / infinite, ``"drift"`` multiplies it by 1.1 (a 10 % loss gap), ``"offset"`` adds 100
     (an exploding loss with unchanged gradients). ``ranks``: the ranks that misbehave (None: all).
+    ``clean_every``, ``clean_phase``: steps with ``global_step % clean_every == clean_phase`` do not misbehave
+    (an unrepresentative batch now and then).
     """
 
     def __init__(self, fault: str | None = None, fault_step: int = 0, fault_steps: int | None = None,
-                 ranks: tuple[int, ...] | None = None, sleep_s: float = STEP_SLEEP_S, any_mode: bool = False) -> None:
+                 ranks: tuple[int, ...] | None = None, sleep_s: float = STEP_SLEEP_S, any_mode: bool = False,
+                 clean_every: int | None = None, clean_phase: int = 0) -> None:
         super().__init__()
+        self.clean_every, self.clean_phase = clean_every, clean_phase
         self.fault, self.fault_step, self.fault_steps, self.ranks = fault, fault_step, fault_steps, ranks
         self.any_mode = any_mode
         self.sleep_s = sleep_s
@@ -92,6 +103,8 @@ class FaultyRegressor(TinyRegressor):
         if self.ranks is not None and self.global_rank not in self.ranks:
             return False
         step = self.global_step
+        if self.clean_every is not None and step % self.clean_every == self.clean_phase:
+            return False
         return step >= self.fault_step and (self.fault_steps is None or step < self.fault_step + self.fault_steps)
 
     def training_step(self, batch, batch_idx):
@@ -122,3 +135,75 @@ class SleepyBoringModel(BoringModel):
     def training_step(self, batch, batch_idx):
         time.sleep(STEP_SLEEP_S)
         return super().training_step(batch, batch_idx)
+
+
+class ClockedEnergyCounter(Sensor):
+    """A device energy counter (J) on a fake clock: the simulation sets its power, it integrates exactly.
+
+    ``clock`` is a callable in seconds with ``advance(seconds)`` (``power_limit_helpers.SamplingClock``). The
+    counter is the exact integral of the power set so far up to the clock's time, so every window the
+    meter takes between two marks on that clock is exact, whatever the sampling.
+    """
+
+    def __init__(self, clock, name: str = "device", estimated: bool = False) -> None:
+        super().__init__(name, scope="device", source="simulated energy counter on a fake clock")
+        self.clock = clock
+        self.estimated = estimated
+        self.power_W = 0.0
+        self._energy_J = 0.0
+        self._t_s = clock()
+
+    def _account(self) -> None:
+        now = self.clock()
+        self._energy_J += self.power_W * (now - self._t_s)
+        self._t_s = now
+
+    def run(self, watts: float, seconds: float) -> None:
+        """Draw ``watts`` for ``seconds`` of fake time (the clock advances)."""
+        self._account()
+        self.power_W = float(watts)
+        self.clock.advance(seconds)
+        self._account()
+
+    def energy_j(self) -> float:
+        self._account()
+        return self._energy_J
+
+    def identity(self) -> tuple:
+        return (*super().identity(), id(self))
+
+
+class SimulatedModeCosts(L.Callback):
+    """Simulated hardware on a fake clock: a step in mode ``m`` draws ``watts_by_mode[m]`` for ``step_s`` fake seconds.
+
+    ``step_s``: ``step_s_by_mode[m]`` (default STEP_SLEEP_S for every mode) times ``1 + noise * z`` with ``z``
+    drawn from a seeded normal per batch (bounded to [-3, 3]): deterministic run-to-run noise; times
+    ``1 + drift_per_step * n`` at the n-th batch (a machine whose load drifts). The energy goes
+    to :attr:`counter` (give it to ``PrecisionSwitch(sensors=[...])``). Put it after the ``PrecisionSwitch``
+    in the callback list: it runs the step in ``on_train_batch_start``, after the timeline's start mark and
+    the probe's replay (which takes no fake time), in the mode the step runs in.
+    """
+
+    def __init__(self, clock, watts_by_mode: dict[str, float], step_s_by_mode: dict[str, float] | None = None,
+                 noise: float = 0.0, seed: int = 0, drift_per_step: float = 0.0, name: str = "device") -> None:
+        self.counter = ClockedEnergyCounter(clock, name=name)
+        self.watts_by_mode = dict(watts_by_mode)
+        self.step_s_by_mode = dict(step_s_by_mode or {})
+        self.noise, self.drift_per_step = noise, drift_per_step
+        self._random = random.Random(seed)
+        self.steps: list[tuple[str, float]] = []  # (mode, fake seconds) of every batch
+
+    def seconds(self, mode: str) -> float:
+        z = max(-3.0, min(3.0, self._random.gauss(0.0, 1.0)))
+        drift = 1.0 + self.drift_per_step * len(self.steps)
+        return self.step_s_by_mode.get(mode, STEP_SLEEP_S) * (1.0 + self.noise * z) * drift
+
+    def run(self, mode: str, seconds: float) -> None:
+        """Draw the mode's power for ``seconds`` of fake time."""
+        self.counter.run(self.watts_by_mode[mode], seconds)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        mode = trainer.precision_plugin.mode_name
+        seconds = self.seconds(mode)
+        self.steps.append((mode, seconds))
+        self.run(mode, seconds)

@@ -144,7 +144,8 @@ def test_power_limit_in_either_order_in_real_time(tmp_path):
 def test_batch_size_search_is_the_same_in_either_order(tmp_path, monkeypatch):
     runs = fake_time_fits(
         tmp_path, monkeypatch,
-        lambda gpu: BatchSizeSearch(CANDIDATES, cost="zeus_cost", gpu=gpu, warmup_steps=1, steps=3),
+        lambda gpu: BatchSizeSearch(CANDIDATES, method="per_sample", cost="zeus_cost", gpu=gpu, warmup_steps=1,
+                                    steps=3),
         HparamsModule, max_epochs=1, limit_train_batches=3)
     for run in runs.values():
         gpu, search = run.gpu, run.callback

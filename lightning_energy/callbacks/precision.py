@@ -29,9 +29,10 @@ from lightning_energy.sensors.base import Sensor
 
 DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
 OBJECTIVES = ("energy", "time", "edp")
-# window statistics, summed over steps and ranks: finite loss sum, finite losses, non-finite losses,
-# relative loss gap sum, probes
-_LOSS_SUM, _LOSS_N, _NONFINITE, _GAP_SUM, _GAP_N = range(5)
+# window statistics, summed over steps and ranks: finite loss sum, finite losses, non-finite losses, and over
+# the probed steps with both losses finite: sum of (loss - reference), sum of reference losses, their count
+_LOSS_SUM, _LOSS_N, _NONFINITE, _DIFF_SUM, _REF_SUM, _GAP_N = range(6)
+N_STATS = 6
 PROBE = "precision_probe"  # the timeline's sub-window of the full-precision replay
 
 
@@ -42,18 +43,32 @@ class PrecisionSwitch(MeteredCallback):
     needs nothing else: when the Trainer has its default precision the callback installs a
     :class:`~lightning_energy.precision.SwitchablePrecision` plugin (or uses one given in ``plugins``).
 
-    1. Profiling. The reference ``32-true`` and then each candidate trains ``warmup_steps`` + ``profile_steps``
-       optimizer steps. Over the profile steps the Trainer's timeline (the step windows every suite callback
-       reads) gives energy per step and time per step. On every profiling step of a candidate the callback
-       replays ``training_step`` on the same batch, weights and random numbers in ``32-true`` (under
-       ``torch.no_grad``, logging silenced, buffers and torchmetrics states restored afterwards) and records
-       the relative loss gap ``|loss - reference| / |reference|``. The replay is a named sub-window of the
+    1. Profiling, in rounds. In a round the reference ``32-true`` and then each candidate trains ``warmup_steps``
+       + ``profile_steps`` optimizer steps. Over the profile steps the Trainer's timeline (the step windows every
+       suite callback reads) gives energy and time of every step, so each mode has a mean per step and its
+       standard error. Every mode is profiled under the same synchronisation: while profiling, ``32-true``
+       steps pay the same per-step gradient check (one pass over the gradients, one host-device
+       synchronisation) as the reduced modes do, but never skip a step. On every profiling step of a
+       candidate the callback replays ``training_step`` on the same batch, weights and random numbers in
+       ``32-true`` (under ``torch.no_grad``, logging silenced, buffers and torchmetrics states restored
+       afterwards) and keeps the reference loss beside the step's. The replay is a named sub-window of the
        step (``precision_probe``): no step figure includes it, whatever the order of ``Trainer(callbacks=[...])``,
        and an EnergyCallback logs it apart as ``energy/extra/precision_probe_J`` and
-       ``time/extra/precision_probe_s``.
-    2. Pick. Among the modes with no non-finite step and a mean gap <= ``tolerance``, the cheapest by
-       ``objective`` (energy per step, time per step, or their product) is trained with.
-    3. Guard. Every ``check_every_n_steps`` steps the gap is measured again. The callback falls back to the next
+       ``time/extra/precision_probe_s``. The loss gap of a set of probed steps is the relative gap of their
+       summed losses, ``|sum(loss - reference)| / |sum(reference)|``.
+    2. Pick, beyond the noise. Among the modes with no non-finite step and a gap <= ``tolerance``, a mode other
+       than ``32-true`` is chosen only when it is cheaper by ``objective`` (energy per step, time per step, or
+       their product) than ``32-true`` by more than the measurement noise: the difference of the means must
+       exceed the two-sided Student-t bound at ``confidence`` of its standard error. While the cheapest mode
+       is within noise of ``32-true``, another round profiles the modes within noise of the cheapest, up to
+       ``max_profile_rounds`` rounds; after that ``32-true`` is kept. Of several modes beyond noise cheaper
+       than ``32-true`` but within noise of each other, the safest (lowest code) is chosen. A mode other
+       than ``32-true`` is chosen only at the end of a multiple of ``min_profile_rounds`` rounds (or of the last
+       round), each round in the reverse order of the one before and the rounds pooled: on a machine whose load
+       drifts, the mode profiled first can look cheaper by more than the per-step noise, in one order only;
+       with two rounds (AB, BA) a steady drift cancels in the pool.
+    3. Guard. Every ``check_every_n_steps`` steps the gap is measured again, over the last ``probe_batches``
+       steps before the check (each replayed in ``32-true``). The callback falls back to the next
        safer mode (the order of :data:`~lightning_energy.precision.MODE_NAMES`) on a non-finite gradient
        (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
        skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
@@ -100,6 +115,13 @@ class PrecisionSwitch(MeteredCallback):
         warmup_steps: steps per profiled mode before measuring (>= 0).
         profile_steps: measured steps per profiled mode (>= 1).
         check_every_n_steps: steps between guard checks after profiling (0: no checks).
+        probe_batches: steps replayed in ``32-true`` before each guard check (>= 1; every step when
+            ``check_every_n_steps`` is smaller): the gap of a check is over all of them.
+        confidence: confidence level of the noise bound a pick must beat (in (0, 1)).
+        max_profile_rounds: most profiling rounds (>= 1); each later round profiles ``32-true`` and the modes
+            within noise of the cheapest.
+        min_profile_rounds: a mode other than ``32-true`` may be chosen after a multiple of this many rounds
+            (>= 1; 2: after pairs of rounds in opposite orders).
         drift_patience: consecutive checks beyond ``tolerance`` before falling back (>= 1).
         explode_factor: the loss counts as exploding above this multiple of the lowest window mean (> 1).
         max_consecutive_skips: with gradient scaling, skipped steps in a row that count as a failure (>= 1).
@@ -120,6 +142,10 @@ class PrecisionSwitch(MeteredCallback):
         warmup_steps: int = 5,
         profile_steps: int = 20,
         check_every_n_steps: int = 50,
+        probe_batches: int = 4,
+        confidence: float = 0.95,
+        max_profile_rounds: int = 4,
+        min_profile_rounds: int = 2,
         drift_patience: int = 2,
         explode_factor: float = 10.0,
         max_consecutive_skips: int = 10,
@@ -154,6 +180,12 @@ class PrecisionSwitch(MeteredCallback):
         self.warmup_steps = _int_at_least("warmup_steps", warmup_steps, 0)
         self.profile_steps = _int_at_least("profile_steps", profile_steps, 1)
         self.check_every_n_steps = _int_at_least("check_every_n_steps", check_every_n_steps, 0)
+        self.probe_batches = _int_at_least("probe_batches", probe_batches, 1)
+        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
+            raise ValueError(f"`confidence` must be a number in (0, 1), got {confidence!r}")
+        self.confidence = float(confidence)
+        self.max_profile_rounds = _int_at_least("max_profile_rounds", max_profile_rounds, 1)
+        self.min_profile_rounds = _int_at_least("min_profile_rounds", min_profile_rounds, 1)
         self.drift_patience = _int_at_least("drift_patience", drift_patience, 1)
         self.max_consecutive_skips = _int_at_least("max_consecutive_skips", max_consecutive_skips, 1)
         if objective not in OBJECTIVES:
@@ -185,6 +217,8 @@ class PrecisionSwitch(MeteredCallback):
         self.checks_total = 0
         self.nonfinite_losses = 0  # non-finite training losses seen at checks and in profiles, all ranks
         self._local_profiles: dict[str, dict] = {}
+        self._round: list[str] = list(self.plan)  # the modes profiled in this round, in order
+        self.profile_rounds = 0  # rounds finished
         self._profile_index = 0
         self._steps_in_mode = 0
         self._best_loss = math.inf
@@ -194,11 +228,11 @@ class PrecisionSwitch(MeteredCallback):
         self._batch_mode: str | None = None
         self._ref_loss: torch.Tensor | None = None
         # per optimizer step (Lightning's step number, the one its StepFigures carry), tagged at its first
-        # batch: (the mode it runs in, the mode whose profile it counts in or None); the figures arrive a
-        # few steps later and are summed per mode
+        # batch: (the mode it runs in, the mode whose profile it counts in or None, the profiling round); the
+        # figures arrive a few steps later and are summed per mode
         self._step_tags: dict[int, tuple[str, str | None]] = {}
         self._step_begun: int | None = None
-        self._profile_sums: dict[str, _Sums] = {}  # mode -> its profile steps so far (this rank)
+        self._profile_steps: dict[str, list] = {}  # mode -> [step, J, s, round] of its profile steps (this rank)
         self._trained: dict[str, _Sums] = {}  # mode -> every step trained in it (this rank)
         self._probes = _Sums()  # the steps with a probe: the probes' own energy and time (this rank)
         self._skips_before = 0
@@ -222,6 +256,7 @@ class PrecisionSwitch(MeteredCallback):
         self._reset_run_state()
         if self.mode is None:
             self.plan = self._available_plan(device_type)
+            self._round = list(self.plan)
             plugin.request_mode(REFERENCE_MODE)  # the model is set up (and checked) in float32
         self._probe_enabled = self.probe and pl_module.automatic_optimization and self.mode != "64-true"
         if self.probe and not pl_module.automatic_optimization:
@@ -267,7 +302,8 @@ class PrecisionSwitch(MeteredCallback):
             self._restored = None
         if self.phase == "profiling":
             self._steps_in_mode = 0
-            self._request(self.plan[self._profile_index])
+            self.plugin.check_reference_steps = True  # every mode profiled under the same synchronisation
+            self._request(self._round[self._profile_index])
         elif self.current is not None:
             self._request(self.current)
         self._skips_before = self.plugin.skipped_steps
@@ -280,7 +316,7 @@ class PrecisionSwitch(MeteredCallback):
         if self.phase == "fixed":
             reason = "fixed mode"
         elif self.phase == "profiling":
-            reason = f"profiling {self._profile_index + 1}/{len(self.plan)}"
+            reason = f"profiling {self._profile_index + 1}/{len(self._round)}"
         else:
             reason = f"resumed; {self.decision}" if self.decision else "resumed"
         if trainer.is_global_zero:
@@ -294,7 +330,7 @@ class PrecisionSwitch(MeteredCallback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
             self._step_begun = step
-            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode))
+            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode), self.profile_rounds)
         self._ref_loss = None
         if self._probe_enabled and self._probe_due():
             with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
@@ -303,7 +339,7 @@ class PrecisionSwitch(MeteredCallback):
 
     def _profiled_mode(self, mode: str) -> str | None:
         """The mode whose profile a step now starting in ``mode`` counts in (past its warm-up), else None."""
-        if self.phase != "profiling" or mode != self.plan[self._profile_index]:
+        if self.phase != "profiling" or mode != self._round[self._profile_index]:
             return None
         return mode if self._steps_in_mode >= self.warmup_steps else None
 
@@ -311,20 +347,21 @@ class PrecisionSwitch(MeteredCallback):
         if self._batch_mode == REFERENCE_MODE:
             return False
         if self.phase == "profiling":
-            return self._batch_mode == self.plan[self._profile_index]
-        return self.check_every_n_steps > 0 and self._since_check == self.check_every_n_steps - 1
+            return self._batch_mode == self._round[self._profile_index]
+        # the last ``probe_batches`` steps before each check
+        return self.check_every_n_steps > 0 and self._since_check >= self.check_every_n_steps - self.probe_batches
 
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         """A step's figures (a few steps after it, the probe excluded): summed per mode and per profile."""
         tag = self._step_tags.pop(figures.step, None)
         if tag is None:
             return
-        mode, profiled = tag
+        mode, profiled, profile_round = tag
         m = figures.measurement
         joules = sum(m.energy_J.get(name, 0.0) for name in self._names)
         self._trained.setdefault(mode, _Sums()).add(joules, m.duration_s)
         if profiled is not None:
-            self._profile_sums.setdefault(profiled, _Sums()).add(joules, m.duration_s)
+            self._profile_steps.setdefault(profiled, []).append([figures.step, joules, m.duration_s, profile_round])
         probe = figures.extras.get(PROBE)
         if probe is not None:
             self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
@@ -368,39 +405,58 @@ class PrecisionSwitch(MeteredCallback):
 
     # ---------------------------------------------------------------- profiling
     def _profiling_step(self, trainer: Trainer, mode: str, failure: str | None) -> None:
-        target = self.plan[self._profile_index]
+        target = self._round[self._profile_index]
         if mode != target:  # a deferred switch (gradient accumulation) has not happened yet
             return
         self._steps_in_mode += 1  # past the warm-up, the step was tagged for the profile at its start
         done = self._steps_in_mode >= self.warmup_steps + self.profile_steps
         if failure is None and not done:
             return
-        self._local_profiles[target] = self._finish_local_profile(trainer, target, failure)
+        self._local_profiles[target] = _add_profile(self._local_profiles.get(target),
+                                                    self._finish_local_profile(trainer, target, failure))
         self._profile_index += 1
         self._steps_in_mode = 0
-        if self._profile_index < len(self.plan):
-            self._switch(trainer, self.plan[self._profile_index],
-                         f"profiling {self._profile_index + 1}/{len(self.plan)}")
+        if self._profile_index < len(self._round):
+            self._switch(trainer, self._round[self._profile_index], self._profiling_reason())
         else:
-            self._decide(trainer)
+            self._end_round(trainer)
+
+    def _profiling_reason(self) -> str:
+        text = f"profiling {self._profile_index + 1}/{len(self._round)}"
+        return text + (f", round {self.profile_rounds + 1}" if self.profile_rounds else "")
 
     def _finish_local_profile(self, trainer: Trainer, mode: str, failure: str | None) -> dict:
         # the decision is due now, at the end of the profile's last step, whose figures usually arrive a few
         # steps later: wait (bounded) until the samples cover this moment, then have them all delivered
         self.attachment.meter.wait(self.timeline.mark())
         self.timeline.flush(trainer)
-        sums = self._profile_sums.pop(mode, None) or _Sums()
-        return {"steps": sums.steps, "energy_J": sums.energy_J, "seconds": sums.seconds,
-                "stats": self._window.take().tolist(), "failure": failure}
+        return {"per_step": self._profile_steps.pop(mode, []), "stats": self._window.take().tolist(),
+                "failure": failure}
 
-    def _decide(self, trainer: Trainer) -> None:
+    def _end_round(self, trainer: Trainer) -> None:
+        """Pick, or profile the modes within noise of the cheapest once more (every rank, together)."""
+        self.profile_rounds += 1
         gathered = distributed.gather(trainer, self._local_profiles)
         decision = None
         if trainer.is_global_zero:
             profiles = merge_profiles(gathered, self.plan)
-            chosen, reason = pick_mode(profiles, self.tolerance, self.objective)
-            decision = {"profiles": profiles, "chosen": chosen, "reason": reason}
+            final = self.profile_rounds >= self.max_profile_rounds
+            decision = settle_mode(profiles, self.tolerance, self.objective, self.confidence, final,
+                                   self.profile_rounds, self.min_profile_rounds)
+            decision["profiles"] = profiles
         decision = trainer.strategy.broadcast(decision, src=0)
+        if decision["chosen"] is None:
+            self._round = [m for m in self.plan if m in decision["contenders"]]
+            if self.profile_rounds % 2:  # every other round in reverse order: load drift cancels in the pool
+                self._round.reverse()
+            self._profile_index = 0
+            rank_zero_info(f"PrecisionSwitch: {decision['reason']}")
+            self._switch(trainer, self._round[0], self._profiling_reason())
+            return
+        self._decide(trainer, decision)
+
+    def _decide(self, trainer: Trainer, decision: dict) -> None:
+        self.plugin.check_reference_steps = False  # profiling is over: 32-true steps as Lightning's own plugin
         self.profiles = decision["profiles"]
         for name, row in self.profiles.items():
             if row["status"].startswith("rejected"):
@@ -416,7 +472,7 @@ class PrecisionSwitch(MeteredCallback):
         metrics = {"precision/nonfinite_losses": float(self.nonfinite_losses)}
         for name, row in self.profiles.items():
             for key, metric in (("step_J", "step_J"), ("step_s", "step_s"), ("power_W", "power_W"),
-                                ("loss_gap", "loss_gap")):
+                                ("loss_gap", "loss_gap"), ("step_J_se", "step_J_se"), ("step_s_se", "step_s_se")):
                 if row[key] is not None:
                     metrics[f"precision/{name}/{metric}"] = row[key]
         self._log(trainer, metrics)
@@ -426,7 +482,7 @@ class PrecisionSwitch(MeteredCallback):
     def _check(self, trainer: Trainer) -> None:
         self._since_check = 0
         stats = trainer.strategy.reduce(self._window.take(), reduce_op="sum").tolist()
-        gap = stats[_GAP_SUM] / stats[_GAP_N] if stats[_GAP_N] else None
+        gap = _gap(stats)
         mean_loss = stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None
         nonfinite = int(stats[_NONFINITE])
         self.nonfinite_losses += nonfinite
@@ -567,7 +623,8 @@ class PrecisionSwitch(MeteredCallback):
                     probes_per_rank=[g[1] for g in gathered],
                     switches=self.switches, checks=self.checks, checks_total=self.checks_total,
                     skipped_steps=self.plugin.skipped_steps, nonfinite_losses=self.nonfinite_losses,
-                    estimated=self._estimated,
+                    estimated=self._estimated, confidence=None if self.mode else self.confidence,
+                    profile_rounds=self.profile_rounds, probe_batches=self.probe_batches,
                 )
         return trainer.is_global_zero
 
@@ -580,6 +637,7 @@ class PrecisionSwitch(MeteredCallback):
             "decision": self.decision, "profiles": self.profiles, "rejected": dict(self.rejected),
             "switches": list(self.switches),
             "local_profiles": dict(self._local_profiles), "profile_index": self._profile_index,
+            "round": list(self._round), "profile_rounds": self.profile_rounds,
             "best_loss": self._best_loss, "checks": list(self.checks), "checks_total": self.checks_total,
             "nonfinite_losses": self.nonfinite_losses,
         }
@@ -605,6 +663,8 @@ class PrecisionSwitch(MeteredCallback):
         self.switches, self.checks = list(state["switches"]), list(state.get("checks", []))
         self.checks_total = int(state.get("checks_total", len(self.checks)))
         self._local_profiles, self._profile_index = dict(state["local_profiles"]), int(state["profile_index"])
+        self._round = list(state.get("round", self.plan))
+        self.profile_rounds = int(state.get("profile_rounds", 0))
         self._best_loss = float(state["best_loss"])
         self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
 
@@ -627,58 +687,108 @@ class _Sums:
 
 
 class _LossWindow:
-    """Training losses (and probe gaps) since the last check, kept on the device: no synchronisation per step."""
+    """Training losses (and probe references) since the last check, kept on the device: no synchronisation per step."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.losses: list[torch.Tensor] = []
-        self.gaps: list[torch.Tensor] = []
+        self.pairs: list[torch.Tensor] = []  # (loss, reference) of the probed steps
 
     def add(self, loss: torch.Tensor, reference: torch.Tensor | None) -> None:
         self.losses.append(loss)
-        if reference is not None:  # |loss - reference| / |reference|, NaN when the loss is not finite
-            self.gaps.append((loss.double() - reference.double()).abs() / reference.double().abs().clamp_min(1e-30))
+        if reference is not None:
+            self.pairs.append(torch.stack((loss.double(), reference.double())))
 
     def take(self) -> torch.Tensor:
-        """The window's statistics (sum of finite losses, finite losses, non-finite losses, sum of finite
-        gaps, finite gaps) as a float64 tensor on the device, and a fresh window."""
-        stats = torch.zeros(5, dtype=torch.float64, device=self.device)
+        """The window's statistics (see ``_LOSS_SUM`` ... ``_GAP_N``) as a float64 tensor on the device, and a
+        fresh window."""
+        stats = torch.zeros(N_STATS, dtype=torch.float64, device=self.device)
         if self.losses:
             losses = torch.stack(self.losses).double()
             finite = torch.isfinite(losses)
             stats[_LOSS_SUM] = losses[finite].sum()
             stats[_LOSS_N] = finite.sum()
             stats[_NONFINITE] = (~finite).sum()
-        if self.gaps:
-            gaps = torch.stack(self.gaps)
-            finite = torch.isfinite(gaps)
-            stats[_GAP_SUM] = gaps[finite].sum()
-            stats[_GAP_N] = finite.sum()
-        self.losses, self.gaps = [], []
+        if self.pairs:
+            pairs = torch.stack(self.pairs)
+            both = torch.isfinite(pairs).all(dim=1)
+            stats[_DIFF_SUM] = (pairs[both, 0] - pairs[both, 1]).sum()
+            stats[_REF_SUM] = pairs[both, 1].sum()
+            stats[_GAP_N] = both.sum()
+        self.losses, self.pairs = [], []
         return stats
 
 
+def _gap(stats: Sequence[float]) -> float | None:
+    """The relative loss gap of the probed steps of ``stats``: ``|sum(loss - ref)| / |sum(ref)|`` (None: none)."""
+    if not stats[_GAP_N]:
+        return None
+    diff, ref = abs(stats[_DIFF_SUM]), abs(stats[_REF_SUM])
+    return diff / ref if ref > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _add_profile(total: dict | None, part: dict) -> dict:
+    """A mode's local profile over rounds: the steps of both, statistics summed, the first failure."""
+    if total is None:
+        return part
+    return {"per_step": total["per_step"] + part["per_step"],
+            "stats": [x + y for x, y in zip(total["stats"], part["stats"])],
+            "failure": total["failure"] or part["failure"]}
+
+
+def _mean_and_se(values: list[float]) -> tuple[float | None, float | None]:
+    """The mean and its standard error (None with fewer than two values)."""
+    if not values:
+        return None, None
+    mean = math.fsum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
 def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str, dict]:
-    """One row per profiled mode from every rank's local profile: J per step summed over ranks, s per step
-    of the slowest rank, loss statistics summed."""
+    """One row per profiled mode from every rank's local profile.
+
+    Per profiled step (Lightning's step number): J summed over ranks, s of the slowest rank; the row holds
+    their means over the steps (``step_J``, ``step_s``), the standard errors of those means (``step_J_se``,
+    ``step_s_se``; None below two steps), the same from the means of the profiling rounds
+    (``step_J_round_se``, ``step_s_round_se``; None below two rounds: the noise of a machine whose load
+    changes from one round to the next, which the steps of one round do not show) and the loss statistics
+    summed over ranks."""
     rows: dict[str, dict] = {}
     for name in plan:
         parts = [p[name] for p in per_rank if name in p]
         if not parts:
             continue
-        stats = [sum(p["stats"][i] for p in parts) for i in range(5)]
-        measured = [p for p in parts if p["steps"] > 0]
-        step_J = sum(p["energy_J"] / p["steps"] for p in measured) if measured else None
-        step_s = max(p["seconds"] / p["steps"] for p in measured) if measured else None
+        stats = [sum(p["stats"][i] for p in parts) for i in range(N_STATS)]
+        by_step: dict[int, list[float]] = {}
+        for part in parts:
+            for step, joules, seconds, profile_round in part["per_step"]:
+                merged = by_step.setdefault(int(step), [0.0, 0.0, profile_round])
+                merged[0] += joules
+                merged[1] = max(merged[1], seconds)
+        step_J, step_J_se = _mean_and_se([v[0] for v in by_step.values()])
+        step_s, step_s_se = _mean_and_se([v[1] for v in by_step.values()])
+        by_round: dict[int, list[list[float]]] = {}
+        for joules, seconds, profile_round in by_step.values():
+            by_round.setdefault(int(profile_round), []).append([joules, seconds])
+        round_J = [math.fsum(v[0] for v in steps) / len(steps) for steps in by_round.values()]
+        round_s = [math.fsum(v[1] for v in steps) / len(steps) for steps in by_round.values()]
         failure = next((p["failure"] for p in parts if p["failure"]), None)
         rows[name] = {
             "mode": name,
             "code": MODES[name].code,
-            "steps": max((p["steps"] for p in parts), default=0),
+            "steps": len(by_step),
             "step_J": step_J,
             "step_s": step_s,
+            "step_J_se": step_J_se,
+            "step_s_se": step_s_se,
+            "rounds": len(by_round),
+            "step_J_round_se": _mean_and_se(round_J)[1],
+            "step_s_round_se": _mean_and_se(round_s)[1],
             "power_W": step_J / step_s if step_J is not None and step_s else None,
-            "loss_gap": stats[_GAP_SUM] / stats[_GAP_N] if stats[_GAP_N] else None,
+            "loss_gap": _gap(stats),
             "mean_loss": stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None,
             "nonfinite_losses": int(stats[_NONFINITE]),
             "failure": failure,
@@ -687,8 +797,65 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
     return rows
 
 
-def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str) -> tuple[str, str]:
-    """The cheapest eligible mode by ``objective`` and why; fills each row's ``status``."""
+def _objective_of(row: dict, objective: str) -> tuple[float, float, float]:
+    """(cost, standard error, degrees of freedom) of a row by ``objective``.
+
+    The standard error is the larger of the one from the steps and the one from the round means (with
+    the degrees of freedom of whichever is used). A row without ``*_se`` fields is exact (se 0); one whose
+    standard error is unknown (fewer than two steps) has an infinite one."""
+    steps, rounds = row.get("steps", math.inf), row.get("rounds", 1)
+
+    def part(key: str) -> tuple[float, float, float]:
+        value = row.get(key)
+        if value is None:
+            return math.inf, math.inf, 0
+        se, dof = row.get(f"{key}_se", 0.0), steps - 1
+        se = math.inf if se is None else se
+        round_se = row.get(f"{key}_round_se")
+        if round_se is not None and round_se > se:
+            se, dof = round_se, rounds - 1
+        return value, se, dof
+
+    energy, time_ = part("step_J"), part("step_s")
+    if objective == "energy":
+        return energy
+    if objective == "time":
+        return time_
+    # edp = J * s; its standard error by the delta method
+    cost = energy[0] * time_[0]
+    se = math.hypot(time_[0] * energy[1], energy[0] * time_[1]) if math.isfinite(cost) else math.inf
+    return cost, se, min(energy[2], time_[2])
+
+
+def _t_quantile(confidence: float, dof: float) -> float:
+    """The two-sided Student-t quantile at ``confidence`` (normal for unbounded degrees of freedom)."""
+    from scipy import stats  # lazily: only when a pick is due
+
+    tail = (1.0 + confidence) / 2.0
+    return float(stats.norm.ppf(tail) if not math.isfinite(dof) else stats.t.ppf(tail, max(dof, 1.0)))
+
+
+def _beyond_noise(a: tuple, b: tuple, confidence: float) -> bool:
+    """True when two (cost, se, degrees of freedom) differ by more than the noise bound at ``confidence``."""
+    (ca, sa, da), (cb, sb, db) = a, b
+    if not (math.isfinite(ca) and math.isfinite(cb) and math.isfinite(sa) and math.isfinite(sb)):
+        return False
+    bound = _t_quantile(confidence, min(da, db)) * math.hypot(sa, sb)
+    return abs(ca - cb) > bound
+
+
+def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, confidence: float = 0.95,
+                final: bool = True, rounds: int = 1, min_rounds: int = 1) -> dict:
+    """Pick a mode when the profiles settle it; fills each row's ``status``.
+
+    Returns ``{"chosen": mode or None, "reason": str, "contenders": [modes]}``. ``chosen`` is a mode other
+    than ``32-true`` only when that mode is cheaper than ``32-true`` by more than the noise bound (the
+    safest such mode within noise of the cheapest one); None when the cheapest mode is within noise of
+    ``32-true`` and this is not the ``final`` round (``contenders``: the modes within noise of the cheapest,
+    to profile again); ``32-true`` when it is the cheapest or, in the final round, still within noise. Before
+    a multiple of ``min_rounds`` rounds (and not ``final``) a mode other than ``32-true`` is not chosen yet:
+    ``contenders`` are then the modes to profile once more to confirm it.
+    """
     eligible = {}
     for name, row in profiles.items():
         if row["failure"]:
@@ -699,26 +866,48 @@ def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str) -> tu
             row["status"] = f"rejected: loss gap {row['loss_gap']:.4g} > tolerance {tolerance:g}"
         else:
             eligible[name] = row
-    key = {"energy": "step_J", "time": "step_s"}.get(objective)
     if objective == "energy" and not any(row["step_J"] for row in eligible.values()):
-        key, objective = "step_s", "time (no energy was measured)"
-
-    def cost(row: dict) -> float:
-        if key is None:
-            return (row["step_J"] or math.inf) * (row["step_s"] or math.inf)
-        value = row[key]
-        return value if value is not None else math.inf
-
-    chosen = min(eligible, key=lambda n: (cost(eligible[n]), MODES[n].code)) if eligible else REFERENCE_MODE
+        objective = "time"  # no energy was measured
+    cost = {name: _objective_of(row, objective) for name, row in eligible.items()}
+    label = f"{objective} within tolerance {tolerance:g}"
+    noise = f"{confidence:.0%} confidence, {rounds} round{'s' if rounds > 1 else ''}"
+    contenders: list[str] = []
+    if not eligible:
+        chosen, reason = REFERENCE_MODE, "profiled: no mode eligible"
+    else:
+        best = min(eligible, key=lambda n: (cost[n][0], MODES[n].code))
+        reference = cost.get(REFERENCE_MODE)
+        contenders = [n for n in eligible if not _beyond_noise(cost[n], cost[best], confidence)]
+        if best == REFERENCE_MODE or reference is None:
+            chosen, reason = best, f"profiled: cheapest by {label} ({noise})"
+        elif _beyond_noise(cost[best], reference, confidence):
+            cheaper = [n for n in contenders if n != REFERENCE_MODE and cost[n][0] < reference[0]
+                       and _beyond_noise(cost[n], reference, confidence)]
+            chosen = min(cheaper, key=lambda n: MODES[n].code)
+            ratio = cost[chosen][0] / reference[0] if reference[0] > 0 else math.nan
+            reason = (f"profiled: cheaper than {REFERENCE_MODE} beyond noise by {label} "
+                      f"({ratio:.3g} x its cost; {noise})")
+            if rounds % min_rounds and not final:
+                contenders = [n for n in eligible if n in contenders or n == REFERENCE_MODE]
+                chosen, reason = None, (f"{best} is cheaper than {REFERENCE_MODE} beyond noise by {objective} "
+                                        f"({ratio:.3g} x; {noise}): confirming in another round, "
+                                        f"{', '.join(contenders)}")
+        elif not final:
+            chosen, reason = None, (f"{best} is within noise of {REFERENCE_MODE} by {objective} ({noise}): "
+                                    f"profiling {', '.join(contenders)} again")
+        else:
+            chosen, reason = REFERENCE_MODE, (f"profiled: no mode cheaper than {REFERENCE_MODE} beyond noise by "
+                                              f"{label} ({noise}): keeps {REFERENCE_MODE}")
     for name, row in eligible.items():
         row["status"] = "chosen" if name == chosen else "eligible"
-    reference = profiles.get(REFERENCE_MODE)
-    reason = f"profiled: cheapest by {objective} within tolerance {tolerance:g}"
-    if chosen in profiles and reference is not None and chosen != REFERENCE_MODE:
-        c, r = cost(profiles[chosen]), cost(reference)
-        if math.isfinite(c) and math.isfinite(r) and r > 0:
-            reason += f" ({c / r:.3g} x the cost of {REFERENCE_MODE})"
-    return chosen, reason
+    return {"chosen": chosen, "reason": reason, "contenders": contenders}
+
+
+def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str,
+              confidence: float = 0.95) -> tuple[str, str]:
+    """The mode to train with once profiling is over, and why (:func:`settle_mode` in its final round)."""
+    decision = settle_mode(profiles, tolerance, objective, confidence, final=True)
+    return decision["chosen"], decision["reason"]
 
 
 def _log_step(trainer: Trainer) -> int:
@@ -737,4 +926,4 @@ def _int_at_least(name: str, value: Any, lowest: int) -> int:
     return value
 
 
-__all__ = ["PrecisionSwitch", "merge_profiles", "pick_mode"]
+__all__ = ["PrecisionSwitch", "merge_profiles", "pick_mode", "settle_mode"]
