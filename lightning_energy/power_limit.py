@@ -258,7 +258,7 @@ class ExhaustiveSweep:
 
     def plan(self) -> dict:
         return {"search": self.name, "first_limits_W": list(self.grid), "min_limits": len(self.grid),
-                "max_limits": len(self.grid), "max_windows": len(self.grid)}
+                "max_limits": len(self.grid), "calibration_windows": 0, "repeat_budget": 0}
 
     def fell_back(self, profiled: Mapping[int, LimitProfile | None]) -> bool:
         return False
@@ -318,8 +318,10 @@ class AdaptiveSearch:
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
     def plan(self) -> dict:
+        calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
         return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
-                "max_limits": len(self.grid), "max_windows": len(self.grid) * (1 + self.max_repeats)}
+                "max_limits": len(self.grid), "calibration_windows": calibration,
+                "repeat_budget": self.repeat_budget if self.max_repeats > 0 else 0}
 
     # ---------------------------------------------------------------- noise
     def noise_level(self, profiled: Mapping[int, LimitProfile]) -> float:
@@ -449,11 +451,12 @@ class AdaptiveSearch:
 
 
 def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
-                noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS):
+                noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
+                repeat_budget: int = DEFAULT_REPEAT_BUDGET):
     if name == "exhaustive":
         return ExhaustiveSweep(grid, objective)
     if name == "adaptive":
-        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats)
+        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget)
     raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
 
 
