@@ -54,7 +54,8 @@ DEFAULT_TOLERANCE = 0.02  # a pick is good within 2 % of the optimum (the benchm
 # the measurements show 3-5 %; the estimate from repeats is pooled with this prior (weight PRIOR_DOF).
 DEFAULT_NOISE = 0.03
 PRIOR_DOF = 2.0
-CONFIDENCE_Z = 1.0  # margins are this many standard deviations
+CONFIDENCE_Z = 1.0  # near-ties: a rival within this many standard deviations of the best is profiled again
+GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
 DEFAULT_MAX_REPEATS = 2  # most extra windows of one limit
 DEFAULT_REPEAT_BUDGET = 4  # most extra windows of a search (the noise calibration included)
@@ -361,7 +362,7 @@ class AdaptiveSearch:
         return self._cost_step(profiled)
 
     def _margin(self, sigma: float, p: LimitProfile) -> float:
-        return CONFIDENCE_Z * sigma / math.sqrt(p.window_count)
+        return GAP_Z * sigma / math.sqrt(p.window_count)
 
     def _can_repeat(self, p: LimitProfile) -> bool:
         return p.window_count < 1 + self.max_repeats and self._repeats_left > 0
@@ -602,7 +603,7 @@ def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W:
         ax.set(xlabel="power limit (W)", ylabel=labels[name])
         ax.legend(loc="best", fontsize="small")
     title = f"power-limit profile: {gpu_name or 'GPU'}"
-    fig.suptitle(f"{title} (simulated GPU)" if simulated and "simulated" not in title.lower() else title)
+    fig.suptitle(f"{title} (simulated GPU)" if simulated else title)
     fig.tight_layout()
     return fig
 
