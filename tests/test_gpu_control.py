@@ -124,7 +124,7 @@ def test_sighup_puts_the_card_back_before_the_previous_handler_runs(tmp_path, cl
     old = signal.signal(signal.SIGHUP, previous)
     try:
         with pytest.raises(SystemExit):
-            fit(tmp_path, gpu, optimizer(), extra=[HangUpAt(9)])
+            fit(tmp_path, gpu, optimizer(), extra=[HangUpAt(7)])  # while 275 W is profiled
     finally:
         signal.signal(signal.SIGHUP, old)
     assert any(limit != ADMIN_W for limit in gpu.limit_log[:-1])  # it was profiling when hung up
