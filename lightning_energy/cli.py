@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "lightning_energy.commands.sweep",
     "catalog": "lightning_energy.commands.catalog",
     "bso-server": "lightning_energy.commands.bso_server",
+    "restore-power-limit": "lightning_energy.commands.restore_power_limit",
 }
 
 

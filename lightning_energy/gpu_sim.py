@@ -2,27 +2,57 @@
 
 Why a subclass of Zeus's ``zeus.device.gpu.common.GPU``: the power-limit code of this package drives a
 GPU only through that abstract class (``get_power_management_limit_constraints``,
-``set_power_management_limit``, ``reset_power_management_limit``, ``get_total_energy_consumption`` ...,
-milliwatts and millijoules as in NVML). The real path gets Zeus's ``NVIDIAGPU`` (or ``ZeusdNVIDIAGPU``)
-from ``zeus.device.get_gpus()``; the simulated path gets a :class:`SimulatedGPU`, so the optimiser runs
-unmodified against either. Being a real ``GPU`` subclass also lets Zeus's own code drive it:
+``set_power_management_limit``, ``get_persistence_mode`` ..., milliwatts and millijoules as in NVML).
+The real path gets Zeus's ``NVIDIAGPU`` (or ``ZeusdNVIDIAGPU``) through
+:mod:`lightning_energy.gpu_control`; the simulated path gets a :class:`SimulatedGPU`, so the optimiser
+runs unmodified against either. Being a real ``GPU`` subclass also lets Zeus's own code drive it:
 :func:`installed_in_zeus` makes ``zeus.device.get_gpus()`` return simulated GPUs, and the tests run
 Zeus's ``GlobalPowerLimitOptimizer`` against the same simulator to check that our callback follows its
-state machine step for step. No protocol of our own was needed.
+state machine step for step.
 
-The model (calibrated to the V100 power-limit study: limits 150-300 W, energy, time and EDP quadratic
-in the limit, the lowest limit the least energy at some cost in time):
+The model: what published measurements show, in the fewest parameters that show it.
 
-- a step at full clocks takes ``t_full(b) = overhead_s + per_sample_s*b + contention_s*b**2`` for a
-  batch of ``b`` samples and would draw ``demand_W(b)`` (utilisation saturates with the batch size);
-- under a limit below that draw the card lowers its clock until it draws the limit; dynamic power goes
-  with f*V^2 ~ f^3, so ``f = ((limit - static_W) / (demand - static_W)) ** (1/3)``;
-- only the compute-bound share of the step slows down: ``t = t_full * (compute_fraction / f + 1 -
-  compute_fraction)`` (memory-bound steps barely change; steps that never reach the limit not at all);
-- the card draws ``min(limit, demand)`` while the workload runs and ``idle_W`` before it starts.
+- A step at full clocks takes ``t_full(b) = overhead_s + per_sample_s*b + contention_s*b**2`` of GPU
+  work for a batch of ``b`` samples and draws ``demand_W(b)`` (utilisation saturates with the batch);
+  ``host_s`` more per step is host-bound (data loading, CPU work) and the card idles at ``idle_W`` then:
+  a cap changes nothing while the host is the bottleneck, and the card does not draw the cap meanwhile.
+- Busy power at SM clock fraction ``x`` (1 = maximum clock): ``static_W + (demand - static_W) * x * v(x)**2``
+  with ``v(x) = max(x, voltage_floor)``: dynamic power goes with f*V^2; DVFS lowers the voltage with the
+  clock down to a floor, below which only the clock falls (power then linear in f). Under a cap the
+  card runs the highest clock whose draw fits (NVIDIA's power capping is DVFS: the driver lowers clocks,
+  "SW Power Cap" in ``nvidia-smi -q -d PERFORMANCE``), from ``clock_bins`` discrete clocks when given
+  (plateaus: neighbouring limits that fit the same clock bin cost the same). Above the voltage floor
+  energy per unit of work falls as the clock falls (f^2), diminishing returns of time near TDP; below
+  it the static draw over a longer step dominates and energy rises again: the energy optimum is
+  interior wherever the limit range reaches below the voltage floor (or ``static_W`` is a large share).
+- ``clock_floor``: the lowest clock the cap can ask for; a limit below the draw there cannot be met by
+  DVFS and the card throttles hard to ``throttle_clock`` (a cliff: step time jumps).
+- Only the compute-bound share of the GPU work slows down: ``t = t_full * (compute_fraction / x + 1 -
+  compute_fraction)`` (memory-bound steps barely change; steps that never reach the limit not at all).
 
-Time runs on a clock: real time (a step sleeps for its duration) or an injected fake clock with an
-``advance(seconds)`` method (tests: a step advances it, runs take no time and energies are exact).
+What the model is calibrated to, and the published sources for each shape:
+
+- The V100 power-limit study of this project (CONTEXT: limits 150-300 W, energy, time and EDP close to
+  quadratic, the lowest limit the least energy at some cost in time): the default card is a V100 whose
+  150-300 W range stays above the voltage floor.
+- Zeus (J. You, J.-W. Chung, M. Chowdhury, "Zeus: Understanding and Optimizing GPU Energy Consumption
+  of DNN Training", NSDI 2023): across DNN training jobs the energy-optimal power limit differs per job
+  and is often below the maximum, and time rises as the limit falls (an energy-time trade-off).
+- A. Krzywaniak, P. Czarnul, J. Proficz, "GPU Power Capping for Energy-Performance Trade-Offs in
+  Training of Deep Convolutional Neural Networks for Image Recognition" (ICCS 2022): caps well below
+  the default save energy for a modest slowdown, with the best cap inside the range, not at its end.
+- P. Patel et al., "Towards Improved Power Management in Cloud GPUs" (IEEE Computer Architecture
+  Letters, 2023) and "POLCA: Power Oversubscription in LLM Cloud Providers" (2023): on A100s, caps cost
+  little performance near the top of the range (diminishing returns of power near TDP), far more low.
+- Z. Tang, Y. Wang, Q. Wang, X. Chu, "The Impact of GPU DVFS on the Energy and Performance of Deep
+  Learning: an Empirical Study" (e-Energy 2019): energy vs core clock is U-shaped for many networks
+  (an interior optimum) and memory-bound work barely slows at lower core clocks.
+
+Time runs on a clock: real time (a step sleeps for its duration), an injected fake clock with an
+``advance(seconds)`` method (tests: a step advances it, runs take no time and energies are exact), or
+``clock="simulated"``: the card keeps its own time, which moves only by the modelled step (and host)
+time, so its energy counter and :meth:`SimulatedGPU.simulated_reading` do not depend on the host (a demo
+that picks the same limit every run); the step still sleeps its modelled time unless ``sleep=False``.
 """
 
 from __future__ import annotations
@@ -60,6 +90,10 @@ V100_IDLE_W = 40.0  # an idle V100 SXM2 in persistence mode
 V100_STATIC_W = 60.0  # draw at the lowest clock under load (leakage, memory, fans)
 V100_MEMORY_B = 16 * GIB
 V100_NAME = "Simulated Tesla V100-SXM2-16GB"
+# DVFS lowers the voltage with the clock down to about 60 % of the maximum clock (then only the clock falls);
+# on the V100's 150-300 W range the clock stays above it, as the V100 study's quadratic curves need.
+DEFAULT_VOLTAGE_FLOOR = 0.6
+DEFAULT_THROTTLE_CLOCK = 0.3  # a hard throttle when no DVFS clock meets the cap (a cliff in step time)
 
 
 @dataclass(frozen=True)
@@ -76,6 +110,7 @@ class StepModel:
         compute_fraction: share of the step time that scales with the SM clock (0: memory-bound).
         reference_batch: the batch size of a step when the caller gives none.
         base_memory_B, per_sample_memory_B: memory of the model and per sample (OOM past the card's).
+        host_s: host-bound time per step (data loading, CPU work) while the card idles.
     """
 
     overhead_s: float = 0.002
@@ -87,9 +122,10 @@ class StepModel:
     reference_batch: int = 256
     base_memory_B: int = 2 * GIB
     per_sample_memory_B: int = 48 * 1024**2
+    host_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("overhead_s", "per_sample_s", "contention_s", "half_utilisation_batch"):
+        for name in ("overhead_s", "per_sample_s", "contention_s", "half_utilisation_batch", "host_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}")
@@ -130,6 +166,20 @@ def simulated_gpu(gpu_index: int) -> "SimulatedGPU":
     return gpu
 
 
+class SimulatedClock:
+    """The card's own time (s): moves only by what the model says a step (and its host part) takes."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.t = float(start)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
 class SimulatedGPU(GPU):
     """An NVIDIA-like GPU whose step time and power follow its power limit (see the module docstring).
 
@@ -138,12 +188,19 @@ class SimulatedGPU(GPU):
         name: the model name NVML would report.
         min_limit_W, max_limit_W, default_limit_W: power-limit constraints and default (W).
         step: the workload's :class:`StepModel`.
-        idle_W: draw before the workload starts (W).
+        idle_W: draw while no step runs (before the workload, between steps, host-bound time) (W).
         static_W: draw at the lowest clock under load (W).
         memory_B: memory of the card (bytes); a step that needs more raises ``torch.OutOfMemoryError``.
         can_set_limits: ``False`` simulates a process without SYS_ADMIN and without the Zeus daemon.
-        clock: ``None`` for real time (steps sleep), or a fake clock (callable in seconds with an
-            ``advance(seconds)`` method; steps advance it).
+        clock: ``None`` for real time (steps sleep), a fake clock (callable in seconds with an
+            ``advance(seconds)`` method; steps advance it), or ``"simulated"``: the card's own
+            :class:`SimulatedClock` (energy and :meth:`simulated_reading` independent of the host).
+        sleep: with ``clock="simulated"``, whether a step also sleeps its modelled time (a paced demo).
+        voltage_floor: clock fraction below which the voltage stops falling (dynamic power ~ f there).
+        clock_floor: lowest clock fraction the cap can ask for; below its draw the card throttles hard.
+        throttle_clock: the clock fraction of that hard throttle (a cliff in step time).
+        clock_bins: number of discrete clocks (``k / clock_bins`` of the maximum); 0: continuous.
+        persistence_mode: the persistence mode the card starts in (as an administrator left it).
     """
 
     def __init__(
@@ -159,6 +216,12 @@ class SimulatedGPU(GPU):
         memory_B: int = V100_MEMORY_B,
         can_set_limits: bool = True,
         clock: Any = None,
+        sleep: bool = True,
+        voltage_floor: float = DEFAULT_VOLTAGE_FLOOR,
+        clock_floor: float = 0.0,
+        throttle_clock: float = DEFAULT_THROTTLE_CLOCK,
+        clock_bins: int = 0,
+        persistence_mode: bool = False,
     ) -> None:
         super().__init__(gpu_index)
         for arg, value in (("min_limit_W", min_limit_W), ("max_limit_W", max_limit_W),
@@ -172,19 +235,34 @@ class SimulatedGPU(GPU):
             raise ValueError(f"need idle_W >= 0 and 0 <= static_W < min_limit_W, got {idle_W}, {static_W}")
         if not isinstance(step, StepModel):
             raise TypeError(f"`step` must be a StepModel, got {type(step).__name__}")
-        if clock is not None and not (callable(clock) and hasattr(clock, "advance")):
-            raise TypeError("`clock` must be None (real time) or a callable with an advance(seconds) method")
+        if clock == "simulated":
+            clock = SimulatedClock()
+        elif clock is not None and not (callable(clock) and hasattr(clock, "advance")):
+            raise TypeError("`clock` must be None (real time), 'simulated' or a callable with an advance(seconds) "
+                            "method")
+        for arg, value in (("voltage_floor", voltage_floor), ("clock_floor", clock_floor),
+                           ("throttle_clock", throttle_clock)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"`{arg}` must be a clock fraction in [0, 1], got {value!r}")
+        if not throttle_clock > 0:
+            raise ValueError(f"`throttle_clock` must be > 0, got {throttle_clock!r}")
+        if isinstance(clock_bins, bool) or not isinstance(clock_bins, int) or clock_bins < 0:
+            raise ValueError(f"`clock_bins` must be an integer >= 0, got {clock_bins!r}")
         self.name = name
         self.min_limit_W, self.max_limit_W, self.default_limit_W = min_limit_W, max_limit_W, default_limit_W
         self.step = step
         self.idle_W, self.static_W = float(idle_W), float(static_W)
         self.memory_B = int(memory_B)
         self.can_set_limits = can_set_limits
+        self.voltage_floor, self.clock_floor = float(voltage_floor), float(clock_floor)
+        self.throttle_clock, self.clock_bins = float(throttle_clock), clock_bins
+        self.own_clock = isinstance(clock, SimulatedClock)
+        self._sleep = sleep
         self._fake_clock = clock
         self._now: Callable[[], float] = clock if clock is not None else time.perf_counter
         self._lock = threading.Lock()
         self._limit_W = default_limit_W
-        self._persistence = False
+        self._persistence = bool(persistence_mode)
         self._running_batch: int | None = None  # batch size of the workload on the card (None: idle)
         self._energy_J = 0.0
         self._t_last = self._now()
@@ -192,6 +270,7 @@ class SimulatedGPU(GPU):
         self.peak_memory_B = 0
         self.limit_log: list[int] = []  # every limit (W) set, in order, defaults included
         self.limit_events: list[tuple[int, int]] = []  # (steps run before it, limit W) for every limit set
+        self.persistence_log: list[bool] = []  # every persistence mode set, in order
         self.steps_run = 0
         with _REGISTRY_LOCK:
             _REGISTRY[gpu_index] = self
@@ -200,31 +279,59 @@ class SimulatedGPU(GPU):
     def _demand_W(self, batch_size: int) -> float:
         return self.step.demand_at_W(batch_size, self.static_W)
 
+    def busy_power_W(self, clock: float, batch_size: int | None = None) -> float:
+        """Draw (W) of a step of ``batch_size`` at SM clock fraction ``clock`` (see the module docstring)."""
+        demand = self._demand_W(self.step.reference_batch if batch_size is None else batch_size)
+        if demand <= self.static_W:
+            return demand
+        volts = max(clock, self.voltage_floor)
+        return self.static_W + (demand - self.static_W) * clock * volts * volts
+
     def clock_fraction(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
-        """SM clock as a fraction of the maximum under ``limit_W`` for a step of ``batch_size``."""
+        """SM clock as a fraction of the maximum under ``limit_W`` for a step of ``batch_size``: the highest
+        (binned) clock whose draw fits the limit; the hard throttle clock where none at or above
+        ``clock_floor`` fits."""
         limit = self._limit_W if limit_W is None else limit_W
         demand = self._demand_W(self.step.reference_batch if batch_size is None else batch_size)
         if limit >= demand:
             return 1.0
-        return ((limit - self.static_W) / (demand - self.static_W)) ** (1.0 / 3.0)
+        dynamic = demand - self.static_W
+        head = max(limit - self.static_W, 0.0) / dynamic
+        knee = self.voltage_floor
+        clock = head ** (1.0 / 3.0) if head >= knee**3 else (head / (knee * knee) if knee > 0 else 0.0)
+        if self.clock_bins:
+            clock = math.floor(clock * self.clock_bins + 1e-9) / self.clock_bins
+        if clock <= 0.0 or clock < self.clock_floor:
+            return self.throttle_clock
+        return min(clock, 1.0)
 
-    def step_time_s(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
-        """Duration (s) of one step under ``limit_W`` (default: the current limit)."""
+    def step_gpu_time_s(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
+        """Seconds the card is busy in one step under ``limit_W`` (default: the current limit)."""
         b = self.step.reference_batch if batch_size is None else batch_size
         c = self.step.compute_fraction
         return self.step.full_clock_time_s(b) * (c / self.clock_fraction(limit_W, b) + 1.0 - c)
 
+    def step_time_s(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
+        """Duration (s) of one step under ``limit_W`` (default: the current limit), host-bound part included."""
+        return self.step_gpu_time_s(limit_W, batch_size) + self.step.host_s
+
     def step_power_W(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
-        """Draw (W) while a step of ``batch_size`` runs under ``limit_W``."""
-        limit = self._limit_W if limit_W is None else limit_W
-        return min(float(limit), self._demand_W(self.step.reference_batch if batch_size is None else batch_size))
+        """Draw (W) while the card works on a step of ``batch_size`` under ``limit_W``."""
+        b = self.step.reference_batch if batch_size is None else batch_size
+        return self.busy_power_W(self.clock_fraction(limit_W, b), b)
 
     def step_energy_J(self, limit_W: float | None = None, batch_size: int | None = None) -> float:
-        return self.step_power_W(limit_W, batch_size) * self.step_time_s(limit_W, batch_size)
+        """Energy (J) of one step: the busy part at the step's draw, the host-bound part at ``idle_W``."""
+        busy = self.step_power_W(limit_W, batch_size) * self.step_gpu_time_s(limit_W, batch_size)
+        return busy + self.idle_W * self.step.host_s
 
     # ------------------------------------------------------------------ the workload
     def run_step(self, batch_size: int | None = None) -> float:
-        """Run one step of ``batch_size`` samples: sleep or advance the fake clock; returns its seconds."""
+        """Run one step of ``batch_size`` samples: sleep or advance the clock; returns its seconds.
+
+        The card draws the step's power while busy and ``idle_W`` for the host-bound part and after the
+        step (until the next one): host work between steps is not billed at the cap.
+        """
         import torch
 
         b = self.step.reference_batch if batch_size is None else int(batch_size)
@@ -237,14 +344,27 @@ class SimulatedGPU(GPU):
             self._account()
             self._running_batch = b
             self._power_W = self.step_power_W(batch_size=b)
-            seconds = self.step_time_s(batch_size=b)
+            busy_s = self.step_gpu_time_s(batch_size=b)
             self.peak_memory_B = max(self.peak_memory_B, need)
+        self._pass(busy_s)
+        with self._lock:
+            self._account()
+            self._power_W = self.idle_W
+        self._pass(self.step.host_s)
+        with self._lock:
+            self._account()
+        self.steps_run += 1
+        return busy_s + self.step.host_s
+
+    def _pass(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
         if self._fake_clock is not None:
             self._fake_clock.advance(seconds)
+            if self.own_clock and self._sleep:
+                time.sleep(seconds)
         else:
             time.sleep(seconds)
-        self.steps_run += 1
-        return seconds
 
     def stop_workload(self) -> None:
         """The workload has finished: the card idles."""
@@ -267,6 +387,15 @@ class SimulatedGPU(GPU):
         with self._lock:
             self._account()
             return self._energy_J
+
+    def simulated_reading(self) -> tuple[float, float] | None:
+        """(energy J, time s) on the card's own clock (``clock="simulated"``), else None: what a profiling
+        window of a simulated card is measured with, independent of the host's timing."""
+        if not self.own_clock:
+            return None
+        with self._lock:
+            self._account()
+            return self._energy_J, self._now()
 
     @property
     def power_limit_W(self) -> int:
@@ -318,6 +447,7 @@ class SimulatedGPU(GPU):
     def set_persistence_mode(self, enabled: bool, block: bool = True) -> None:
         self._require_permission("set persistence mode")
         self._persistence = bool(enabled)
+        self.persistence_log.append(bool(enabled))
 
     def get_persistence_mode(self) -> bool:
         return self._persistence

@@ -15,11 +15,13 @@ Power limits (``grid.power_limit_W``):
   simulated card, which takes the model's time and draws the model's power under the run's limit, so
   below the draw the workload asks for steps slow down and energy per step follows the model. The card's
   energy counter is the device sensor. ``power_limit_W: null`` runs at the card's default limit.
-- real (``sensors: auto``): the limit is set on the NVIDIA GPUs the Trainer uses through Zeus's device
-  layer (``zeus.device.get_gpus()``, as ``PowerLimitOptimizer`` does). Before the first run the sweep
-  checks that every limit lies in the cards' range and that this process may set limits (SYS_ADMIN or
-  the Zeus daemon), and fails otherwise; the default limit is restored after each run, also when it
-  fails or is interrupted.
+- real (``sensors: auto``): the limit is set on the NVIDIA GPUs the Trainer uses through
+  ``lightning_energy.gpu_control`` (the energy sensors' CUDA -> NVML mapping and Zeus's device layer, as
+  ``PowerLimitOptimizer`` does). Before the first run the sweep checks that every limit lies in the cards'
+  range and that this process may set limits (SYS_ADMIN or the Zeus daemon), and fails otherwise; the
+  limit in force before the sweep is put back after each run (``null`` runs at it), and at the end the
+  persistence mode too, also when a run fails or is interrupted (a crash marker for SIGKILL:
+  ``lightning-energy restore-power-limit``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import inspect
 import itertools
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field, fields
@@ -338,79 +341,100 @@ def simulated_hardware(simulated: dict, power_limit_W: float | None, clock=None)
 
 
 class GpuPowerLimits:
-    """Power limits of the real NVIDIA GPUs a sweep trains on, set through Zeus's device layer.
+    """Power limits of the real NVIDIA GPUs a sweep trains on, through ``lightning_energy.gpu_control``.
 
-    :meth:`open` checks, before any run, that this process may set limits on every card (as
-    ``PowerLimitOptimizer`` does) and that every limit of the grid is in the cards' range;
-    :meth:`applied` sets one limit for a run and restores the default after it, whatever happens.
+    :meth:`open` finds the Trainer's CUDA devices through the energy sensors' CUDA -> NVML mapping and
+    checks, before any run, that this process may set limits on every card and that every limit of the
+    grid is in the cards' range; :meth:`applied` sets one limit for a run and puts back what was in force
+    before the sweep after it, whatever happens (``null``: that limit); :meth:`close` puts back the
+    persistence mode too and removes the crash markers (``lightning-energy restore-power-limit`` after a
+    SIGKILL).
     """
 
     def __init__(self, gpus: dict[int, object]) -> None:
-        self.gpus = gpus  # index -> zeus.device.gpu.common.GPU
+        from lightning_energy.gpu_control import LimitController
+
+        self.gpus = gpus  # CUDA index -> zeus.device.gpu.common.GPU (gpu_index: the NVML index)
+        self.controllers = {i: LimitController(gpu, f"lightning-energy sweep (pid {os.getpid()})")
+                            for i, gpu in gpus.items()}
 
     @classmethod
     def open(cls, trainer_config: dict, limits_W: list[float]) -> "GpuPowerLimits":
-        import io
+        from lightning_energy import gpu_control
 
-        from lightning_energy.callbacks.power_limit import limit_permission_problem
-
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
-                from zeus.device import get_gpus
-
-                found = get_gpus().gpus
-        except Exception as err:
-            raise SweepError(f"grid.power_limit_W with `sensors: auto` needs NVIDIA GPUs, but Zeus cannot open any "
-                             f"({type(err).__name__}: {err}); simulate the limits with `sensors: {{simulated: ...}}`")
-        indices = _gpu_indices(trainer_config.get("devices", "auto"), len(found))
-        missing = [i for i in indices if not 0 <= i < len(found)]
-        if not found or missing:
-            raise SweepError(f"trainer.devices names GPU(s) {missing or indices} but Zeus sees {len(found)} GPU(s)")
-        gpus = {i: found[i] for i in indices}
-        problems = [f"GPU {i}: {problem}" for i, gpu in gpus.items() if (problem := limit_permission_problem(gpu))]
+        count = gpu_control.visible_gpu_count()
+        if count == 0:
+            raise SweepError("grid.power_limit_W with `sensors: auto` needs NVIDIA GPUs, but this process sees no "
+                             "CUDA device; simulate the limits with `sensors: {simulated: ...}`")
+        indices = _gpu_indices(trainer_config.get("devices", "auto"), count)
+        missing = [i for i in indices if not 0 <= i < count]
+        if missing:
+            raise SweepError(f"trainer.devices names GPU(s) {missing} but this process sees {count} CUDA device(s)")
+        gpus = {}
+        for i in indices:
+            try:
+                gpus[i] = gpu_control.open_gpu(i)
+            except gpu_control.GpuControlError as err:
+                raise SweepError(f"grid.power_limit_W with `sensors: auto`: {err}; no run was started") from None
+        problems = [f"GPU {gpu_control.nvml_index(gpu)}: {problem}" for gpu in gpus.values()
+                    if (problem := gpu_control.permission_problem(gpu))]
         if problems:
             raise SweepError(f"the sweep cannot set GPU power limits ({'; '.join(problems)}); no run was started. "
                              + PERMISSION_HELP)
-        for i, gpu in gpus.items():
+        for gpu in gpus.values():
             low_mW, high_mW = gpu.get_power_management_limit_constraints()
             outside = sorted({limit for limit in limits_W if limit is not None
                               and not low_mW <= round(limit * MILLI) <= high_mW})
             if outside:
-                raise SweepError(f"grid.power_limit_W {outside} W outside GPU {i}'s range "
+                raise SweepError(f"grid.power_limit_W {outside} W outside GPU {gpu_control.nvml_index(gpu)}'s range "
                                  f"[{low_mW / MILLI:g}, {high_mW / MILLI:g}] W; no run was started")
         return cls(gpus)
 
     @contextlib.contextmanager
     def applied(self, limit_W: float | None):
-        """Within the block every card runs at ``limit_W`` (the default when None); the default afterwards."""
+        """Within the block every card runs at ``limit_W`` (None: the limit in force before the sweep);
+        that limit afterwards."""
         failed = False
         try:
-            for gpu in self.gpus.values():
-                if limit_W is None:
-                    gpu.reset_power_management_limit()
-                else:
-                    gpu.set_power_management_limit(int(round(limit_W * MILLI)))
+            for controller in self.controllers.values():
+                before = controller.take()  # the first time: records what was there, writes the marker
+                controller.gpu.set_power_management_limit(before.limit_mW if limit_W is None
+                                                          else int(round(limit_W * MILLI)))
             yield
         except BaseException:
             failed = True
             raise
         finally:
-            self._restore(quiet=failed)
+            self._put_back_limits(quiet=failed)
 
-    def _restore(self, quiet: bool) -> None:
+    def _put_back_limits(self, quiet: bool) -> None:
+        from lightning_energy.gpu_control import smi_hint
+
         problems = []
-        for i, gpu in self.gpus.items():
+        for controller in self.controllers.values():
+            if controller.before is None:
+                continue
             try:
-                gpu.reset_power_management_limit()
+                controller.gpu.set_power_management_limit(controller.before.limit_mW)
             except Exception as err:
-                problems.append(f"GPU {i} ({type(err).__name__}: {err}); set it by hand: "
-                                f"nvidia-smi -i {i} -pl <default W>")
-        if problems:
-            message = f"the sweep could not restore the default power limit of {'; '.join(problems)}"
-            if quiet:  # the run already failed: tell, do not mask its error
-                logging.getLogger(__name__).error(message)
-            else:
-                raise SweepError(message)
+                problems.append(f"GPU {controller.index} ({type(err).__name__}: {err}); set it by hand: "
+                                f"{smi_hint(controller.index, controller.before.limit_mW)}")
+        self._report(problems, "the power limit in force before the sweep", quiet)
+
+    def close(self, quiet: bool = False) -> None:
+        """Every card as it was before the sweep (limit and persistence mode); the crash markers removed."""
+        problems = [problem for controller in self.controllers.values() for problem in controller.restore()]
+        self._report(problems, "the settings in force before the sweep", quiet)
+
+    @staticmethod
+    def _report(problems: list[str], what: str, quiet: bool) -> None:
+        if not problems:
+            return
+        message = f"the sweep could not restore {what} of {'; '.join(problems)}"
+        if quiet:  # the run already failed: tell, do not mask its error
+            logging.getLogger(__name__).error(message)
+        else:
+            raise SweepError(message)
 
 
 def _gpu_indices(devices, count: int) -> list[int]:
@@ -438,16 +462,22 @@ def run_sweep(config: SweepConfig, order: list[tuple[int, dict]], clock=None) ->
     if config.power_limits == "real":
         limits = GpuPowerLimits.open(config.trainer, config.grid["power_limit_W"])
     rows = []
-    with quiet_lightning():
-        for index, (repetition, point) in enumerate(order):
-            name = run_name(repetition, point)
-            try:
-                with limits.applied(point["power_limit_W"]) if limits else contextlib.nullcontext():
-                    rows.append(run_one(config, repetition, point, index, clock=clock))
-            except SweepError:
-                raise
-            except Exception as err:
-                raise SweepError(f"run {name} ({index + 1}/{len(order)}) failed: {type(err).__name__}: {err}") from err
+    failed = True
+    try:
+        with quiet_lightning():
+            for index, (repetition, point) in enumerate(order):
+                name = run_name(repetition, point)
+                try:
+                    with limits.applied(point["power_limit_W"]) if limits else contextlib.nullcontext():
+                        rows.append(run_one(config, repetition, point, index, clock=clock))
+                except SweepError:
+                    raise
+                except Exception as err:
+                    raise SweepError(f"run {name} ({index + 1}/{len(order)}) failed: {type(err).__name__}: {err}") from err
+        failed = False
+    finally:
+        if limits is not None:
+            limits.close(quiet=failed)
     return rows
 
 

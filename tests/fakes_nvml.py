@@ -23,6 +23,12 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
   handles and ``MIG-`` UUIDs; ``nvmlDeviceIsMigDeviceHandle`` returns a ``ctypes.c_uint`` as pynvml does.
 - ``nvmlInit``/``nvmlShutdown`` are reference counted; a device call with no ``nvmlInit`` outstanding
   raises ``NVMLError_Uninitialized``, as does one ``nvmlShutdown`` too many.
+- Power limits (``nvmlDeviceGet/SetPowerManagementLimit``, ``...LimitConstraints``, ``...DefaultLimit``):
+  mW; setting one outside the constraints is ``NVML_ERROR_INVALID_ARGUMENT``, and without root
+  (``FakeGpu.root = False``) ``NVML_ERROR_NO_PERMISSION``; persistence mode
+  (``nvmlDeviceGet/SetPersistenceMode``, ``NVML_FEATURE_ENABLED``/``_DISABLED``) likewise. The limit and
+  the mode are the card's: they survive ``nvmlShutdown`` (a new process sees what the last one left).
+  ``nvmlDeviceGetC2cModeInfoV`` (Grace Hopper) is not supported.
 - Any call can take time (``latency_s``: advances the fake clock), be held until released
   (:meth:`FakeNvml.block`), or fail with an NVML error code (:meth:`FakeNvml.fail`).
 
@@ -94,6 +100,8 @@ NVML_CLOCK_MEM = 2
 NVML_TEMPERATURE_GPU = 0
 NVML_PCIE_UTIL_TX_BYTES = 0
 NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
 
 COUNTER_UPDATE_PERIOD_S = 0.1  # the energy counter advances every 100 ms
 POWER_AVERAGE_WINDOW_S = 1.0  # nvmlDeviceGetPowerUsage's averaging window on Ampere and newer
@@ -181,6 +189,12 @@ class FakeGpu:
     clocks_MHz: tuple[int, int] = (1980, 2619)  # (SM, memory)
     temperature_C: int = 61
     pcie_KBps: tuple[int, int] = (1200, 3400)  # (TX, RX)
+    limit_constraints_mW: tuple[int, int] = (200_000, 700_000)  # an H100 SXM's range
+    default_limit_mW: int = 700_000
+    limit_mW: int = 700_000  # in force now (an administrator may have left another than the default)
+    persistence_mode: int = NVML_FEATURE_DISABLED
+    root: bool = True  # the process may set limits and persistence mode
+    limit_log: list = field(default_factory=list)  # every limit set (mW), in order
     _segments: list[tuple[float, float]] = field(default_factory=list)  # (start s, W) of each power level
 
     @property
@@ -410,6 +424,49 @@ class FakeNvml:
                     value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._average_mW(index))
             values.append(value)
         return values
+
+    # --- power limits and persistence mode --------------------------------------------------------
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle):
+        """[min, max] in mW."""
+        self._enter("nvmlDeviceGetPowerManagementLimitConstraints")
+        return list(self._gpu_of(handle)[1].limit_constraints_mW)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        self._enter("nvmlDeviceGetPowerManagementLimit")
+        return self._gpu_of(handle)[1].limit_mW
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle):
+        self._enter("nvmlDeviceGetPowerManagementDefaultLimit")
+        return self._gpu_of(handle)[1].default_limit_mW
+
+    def nvmlDeviceSetPowerManagementLimit(self, handle, limit):
+        """mW within the constraints; needs root."""
+        self._enter("nvmlDeviceSetPowerManagementLimit")
+        gpu = self._gpu_of(handle)[1]
+        if not gpu.root:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        low, high = gpu.limit_constraints_mW
+        if not low <= limit <= high:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu.limit_mW = int(limit)
+        gpu.limit_log.append(int(limit))
+
+    def nvmlDeviceGetPersistenceMode(self, handle):
+        self._enter("nvmlDeviceGetPersistenceMode")
+        return self._gpu_of(handle)[1].persistence_mode
+
+    def nvmlDeviceSetPersistenceMode(self, handle, mode):
+        self._enter("nvmlDeviceSetPersistenceMode")
+        gpu = self._gpu_of(handle)[1]
+        if not gpu.root:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        if mode not in (NVML_FEATURE_DISABLED, NVML_FEATURE_ENABLED):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        gpu.persistence_mode = mode
+
+    def nvmlDeviceGetC2cModeInfoV(self, handle):
+        self._enter("nvmlDeviceGetC2cModeInfoV")
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
     # --- MIG ------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, device):

@@ -31,13 +31,13 @@ def expected_choices() -> dict:
     objective = Objective("zeus_cost", world_size=2)
     search, seen = AdaptiveSearch(grid, objective), {}
     while (limit := search.next_limit(seen)) is not None:
-        seen[limit] = merged[limit]
+        seen[limit] = seen[limit].merged(merged[limit]) if limit in seen else merged[limit]
     alone = [LimitProfile(x, cards[1].step_energy_J(x), cards[1].step_time_s(x), 1) for x in grid]
     return {
         "merged_choice": search.choose(seen),
         "rank1_alone_choice": Objective("zeus_cost").select(alone),
-        "energy_J": {str(x): p.energy_J for x, p in seen.items()},
-        "time_s": {str(x): p.time_s for x, p in seen.items()},
+        "energy_J": {str(x): p.energy_per_step_J for x, p in seen.items()},
+        "time_s": {str(x): p.time_per_step_s for x, p in seen.items()},
     }
 
 
@@ -61,7 +61,7 @@ if __name__ == "__main__":
         "rank": trainer.global_rank,
         "chosen_W": callback.chosen_limit_W,
         "limit_log": gpu.limit_log,
-        "profiles": {str(x): [p.energy_J, p.time_s] for x, p in callback.profiles.items()},
+        "profiles": {str(x): [p.energy_per_step_J, p.time_per_step_s] for x, p in callback.profiles.items()},
         "expected": expected_choices(),
     }
     with open(os.path.join(out_dir, f"rank{trainer.global_rank}.json"), "w") as fh:

@@ -13,7 +13,7 @@ from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog
 from lightning_energy.cli import main
-from lightning_energy.gpu_sim import SimulatedGPU, installed_in_zeus
+from lightning_energy.gpu_sim import SimulatedGPU
 from lightning_energy.sweep import (
     GpuPowerLimits, SweepConfigError, SweepError, load_config, parse_config, run_sweep, sweep_order,
 )
@@ -390,15 +390,23 @@ def test_simulated_power_limits_follow_the_gpu_model(tmp_path, monkeypatch):
     assert times[0] / times[2] == pytest.approx(0.9 * ((300 - 60) / (150 - 60)) ** (1 / 3) + 0.1, rel=1e-9)
 
 
-def test_real_power_limits_without_permission_fail_before_any_run(tmp_path, capsys):
+def cards_for_the_sweep(monkeypatch, gpus: list) -> None:
+    """The sweep opens CUDA device i as ``gpus[i]`` (lightning_energy.gpu_control, the card-control module)."""
+    from lightning_energy import gpu_control
+
+    monkeypatch.setattr(gpu_control, "visible_gpu_count", lambda: len(gpus))
+    monkeypatch.setattr(gpu_control, "open_gpu", lambda cuda_index: gpus[cuda_index])
+
+
+def test_real_power_limits_without_permission_fail_before_any_run(tmp_path, capsys, monkeypatch):
     import yaml
 
     config = tmp_path / "sweep_real.yaml"
     config.write_text(yaml.safe_dump({**BASE_CONFIG, "output_dir": str(tmp_path / "out"), "sensors": "auto",
                                       "trainer": {"max_epochs": 1, "accelerator": "gpu", "devices": 1}}))
     locked = SimulatedGPU(gpu_index=0, can_set_limits=False)
-    with installed_in_zeus([locked]):
-        code, out, err = run_cli(capsys, "sweep", "--config", config)
+    cards_for_the_sweep(monkeypatch, [locked])
+    code, out, err = run_cli(capsys, "sweep", "--config", config)
     assert code == 2
     assert "cannot set GPU power limits (GPU 0: the simulated GPU was created with can_set_limits=False)" in err
     assert "no run was started" in err and "SYS_ADMIN" in err and "zeusd" in err
@@ -420,11 +428,14 @@ def test_real_power_limits_are_set_per_run_and_restored_even_when_a_run_fails(tm
 
     monkeypatch.setattr("lightning_energy.sweep.run_one", fake_run)
     order = [(0, {**config.points()[0], "power_limit_W": limit}) for limit in (175, None, 250)]
-    with installed_in_zeus(gpus), pytest.raises(SweepError, match=r"run rep0_prec32-true_bs32_pl250W \(3/3\) failed: "
+    cards_for_the_sweep(monkeypatch, gpus)
+    with pytest.raises(SweepError, match=r"run rep0_prec32-true_bs32_pl250W \(3/3\) failed: "
                                                                    "RuntimeError: out of memory"):
         run_sweep(config, order)
     assert seen == [(175, 300, 175), (None, 300, 300), (250, 300, 250)]  # only the Trainer's GPU 1 is limited
-    assert gpus[1].limit_log == [175, 300, 300, 300, 250, 300]  # set, restored; default, restored; set, restored
+    # set, then back to what was in force before the sweep (300 W), which a null run also uses, ...
+    assert gpus[1].limit_log == [175, 300, 300, 300, 250, 300]
+    assert gpus[1].persistence_log == [True, False]  # ... and persistence mode as it was, at the end
     assert gpus[0].limit_log == []
-    with installed_in_zeus(gpus), pytest.raises(SweepError, match=r"\[400\] W outside GPU 1's range \[150, 300\] W"):
+    with pytest.raises(SweepError, match=r"\[400\] W outside GPU 1's range \[150, 300\] W"):
         GpuPowerLimits.open({"devices": [1]}, [200, 400])

@@ -17,19 +17,24 @@ import atexit
 import contextlib
 import io
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy import distributed, gpu_control
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.io import atomic_write_json
 from lightning_energy.meter import Mark, measure
 from lightning_energy.power_limit import (
+    DEFAULT_MAX_REPEATS,
+    DEFAULT_NOISE,
+    DEFAULT_REPEAT_BUDGET,
     DEFAULT_TOLERANCE,
+    MAX_POWER_SCOPES,
     FIGURE_FILE,
     PROFILE_FILE,
     SEARCHES,
@@ -49,12 +54,8 @@ from lightning_energy.sensors.base import Sensor
 
 DRY_RUN_FILE = "power_limit_dry_run.json"
 MILLI = 1000
-PERMISSION_FIXES = (
-    "Fixes: (1) run the Zeus daemon (zeusd) and export ZEUSD_SOCK_PATH=<its socket>, "
-    "see https://ml.energy/zeus/getting_started/#system-privileges; (2) give the process the SYS_ADMIN "
-    "capability, e.g. `docker run --cap-add SYS_ADMIN ...` (or run as root); (3) pass "
-    "PowerLimitOptimizer(dry_run=True) to see what would be profiled without touching the card."
-)
+PERMISSION_FIXES = (gpu_control.PERMISSION_FIXES[:-1] + "; (3) pass PowerLimitOptimizer(dry_run=True) to see what "
+                    "would be profiled without touching the card.")
 
 
 def _zeus_states():
@@ -64,70 +65,23 @@ def _zeus_states():
 
 
 def rank_gpu(trainer: Trainer):
-    """Zeus's ``GPU`` object of this rank's CUDA device (``NVIDIAGPU``, or ``ZeusdNVIDIAGPU`` with zeusd)."""
+    """Zeus's ``GPU`` object of this rank's CUDA device, through the energy sensors' CUDA -> NVML mapping
+    (``gpu_index`` of the result is the NVML index, the one ``nvidia-smi -i`` takes)."""
     root = trainer.strategy.root_device
     if root.type != "cuda":
         raise RuntimeError(
             f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
             "or pass gpu=lightning_energy.gpu_sim.SimulatedGPU(...) to run against the simulator."
         )
-    return zeus_gpu(root.index)
-
-
-def zeus_gpu(cuda_index: int):
-    """Zeus's ``GPU`` object for CUDA device ``cuda_index``, found through the same CUDA -> NVML (UUID)
-    mapping the energy sensor uses (Zeus's own ``get_gpus`` parses ``CUDA_VISIBLE_DEVICES`` as integers and
-    ignores ``CUDA_DEVICE_ORDER``, so it can fail on UUID lists or control another card than the one measured).
-    ``gpu_index`` of the result is the NVML index (the one ``nvidia-smi -i`` takes)."""
-    from lightning_energy.sensors.detect import GPU_UNREADABLE, nvml_index_of_cuda_device
-
     try:
-        nvml_index = nvml_index_of_cuda_device(cuda_index)
-    except GPU_UNREADABLE as err:
-        raise RuntimeError(f"PowerLimitOptimizer: cannot tell which GPU CUDA device {cuda_index} is "
-                           f"({type(err).__name__}: {err})") from err
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
-            import pynvml
-            from zeus.device.gpu.nvidia import NVIDIAGPU, ZeusdNVIDIAGPU
-            from zeus.utils.zeusd import ZeusdClient, ZeusdConfig
-
-            pynvml.nvmlInit()  # held for the GPU object's life, as zeus.device.get_gpus() does
-            config = ZeusdConfig.from_env()
-            if config is None:
-                return NVIDIAGPU(nvml_index)
-            gpu = ZeusdNVIDIAGPU(nvml_index, ZeusdClient(config))
-            gpu._disable_sys_admin_warning = True  # as get_gpus() does
-            return gpu
-    except Exception as err:
-        raise RuntimeError(f"PowerLimitOptimizer: Zeus cannot open NVML GPU {nvml_index} (CUDA device "
-                           f"{cuda_index}) ({type(err).__name__}: {err})") from err
+        return gpu_control.open_gpu(root.index)
+    except gpu_control.GpuControlError as err:
+        raise RuntimeError(f"PowerLimitOptimizer: {err}") from err
 
 
-def default_limit_mW(gpu) -> int | None:
-    """The card's default limit (mW): NVML's default-limit query (read-only), or the simulator's."""
-    getter = getattr(gpu, "get_default_power_management_limit", None)
-    if getter is not None:
-        return int(getter())
-    handle = getattr(gpu, "handle", None)
-    if handle is None:
-        return None
-    import pynvml
-
-    return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
-
-
-def limit_permission_problem(gpu) -> str | None:
-    """Why this process cannot set the card's limit, or None when it can (read-only check)."""
-    flag = getattr(gpu, "can_set_limits", None)
-    if flag is not None:
-        return None if flag else "the simulated GPU was created with can_set_limits=False"
-    with contextlib.redirect_stdout(io.StringIO()):
-        from zeus.device.common import has_sys_admin
-        from zeus.device.gpu.nvidia import ZeusdNVIDIAGPU
-    if isinstance(gpu, ZeusdNVIDIAGPU) or has_sys_admin():
-        return None
-    return "this process has no SYS_ADMIN capability and no Zeus daemon is configured (ZEUSD_SOCK_PATH is unset)"
+# the card-control helpers live in lightning_energy.gpu_control (shared with the sweep)
+default_limit_mW = gpu_control.default_limit_mW
+limit_permission_problem = gpu_control.permission_problem
 
 
 class PowerLimitOptimizer(MeteredCallback):
@@ -153,7 +107,14 @@ class PowerLimitOptimizer(MeteredCallback):
     ``Trainer(callbacks=[...])``, is always inside the start-to-start windows.
 
     Energy is the device-scope energy of this callback's sensors (this rank's GPU counter), as Zeus
-    counts GPU energy. The card's default limit is restored at fit end, on an exception and on Ctrl-C.
+    counts GPU energy; for a simulated card on its own clock (``SimulatedGPU(clock="simulated")``) the
+    card's own energy and time (the simulator's figures, not the host's timing: the same pick every run).
+
+    The card is put back as it was before the fit (the limit and the persistence mode in force then, an
+    administrator's setting included, not NVML's default) at fit end, on an exception, on Ctrl-C, on
+    SIGHUP and at interpreter exit. Before the first change a crash marker is written
+    (``lightning_energy.gpu_control``); after SIGKILL or a power loss ``lightning-energy
+    restore-power-limit`` puts the card back. A chosen limit is always one that was profiled.
 
     Logged metrics (rank zero, beside the loss):
 
@@ -164,17 +125,18 @@ class PowerLimitOptimizer(MeteredCallback):
     - ``power_limit/chosen_W``: the chosen limit; ``power_limit/retried_windows``: interrupted windows.
 
     Files in the log dir: ``power_limit_profile.json`` (Zeus's measurement layout plus per-step figures,
-    costs and quadratic fits), ``power_limit_profile.png`` (energy, time and cost vs limit with quadratic
-    fits and R²; also to TensorBoard as ``power_limit/profile``); with ``dry_run`` ``power_limit_dry_run.json``.
+    costs and quadratic fits), ``power_limit_profile.png`` (energy, time and cost vs limit; a quadratic fit
+    with R² only where spare points test it; "simulated GPU" on a simulated card; also to TensorBoard as
+    ``power_limit/profile``); with ``dry_run`` ``power_limit_dry_run.json``.
 
     Args:
         selector: ``"zeus_cost"`` (eta*E + (1-eta)*MaxPower*T), ``"energy"``, ``"time"`` or ``"max_slowdown"``.
         eta_knob: eta of the ZeusCost selector, in [0, 1].
         max_slowdown_factor: for ``"max_slowdown"``: the lowest limit at most this much slower than the maximum.
         search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart, Zeus's selector picks) or
-            ``"adaptive"`` (fewer limits: three spread limits and quadratic fits of energy and time, checks
-            only where the fit is uncertain, and for cost selectors the fit's optimum even where it lies
-            between profiled limits; exhaustive when the costs are not unimodal).
+            ``"adaptive"`` (fewer limits: branch and bound on monotonic time and power, near-ties settled by
+            repeated windows; exhaustive when profiles break monotonicity; see
+            ``lightning_energy.power_limit.AdaptiveSearch``).
         wait_steps, warmup_steps, profile_steps: steps before anything, per limit before and while measuring.
         pl_step_W: spacing of the candidate limits (W).
         profile_path: a profile file: loaded and used without profiling when it exists, written when not.
@@ -184,8 +146,13 @@ class PowerLimitOptimizer(MeteredCallback):
             default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
-        tolerance: for ``search="adaptive"``: profile a limit only where the fit predicts it to beat the
-            best cost by more than this fraction (see ``lightning_energy.power_limit.AdaptiveSearch``).
+        tolerance: for ``search="adaptive"``: a pick within this fraction of the optimum is good enough.
+        noise: for ``search="adaptive"``: the assumed run-to-run spread of one window (relative standard
+            deviation), pooled with what repeated windows show.
+        max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit and per search.
+        max_power_scope: ZeusCost's MaxPower in DDP: ``"job"`` (the highest limit times the world size,
+            beside energy summed over every rank: the same pick as one rank alone) or ``"process"`` (Zeus's
+            DDP recipe, one GPU per process: times 1; see ``lightning_energy.power_limit``).
     """
 
     def __init__(
@@ -205,6 +172,10 @@ class PowerLimitOptimizer(MeteredCallback):
         tolerance: float = DEFAULT_TOLERANCE,
         interval_s: float = DEFAULT_INTERVAL_S,
         log_figure: bool = True,
+        noise: float = DEFAULT_NOISE,
+        max_repeats: int = DEFAULT_MAX_REPEATS,
+        repeat_budget: int = DEFAULT_REPEAT_BUDGET,
+        max_power_scope: str = "job",
     ) -> None:
         super().__init__()
         if selector not in SELECTORS:
@@ -215,7 +186,8 @@ class PowerLimitOptimizer(MeteredCallback):
                                  ("profile_steps", profile_steps, 1), ("pl_step_W", pl_step_W, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
-        Objective(selector, eta_knob, max_slowdown_factor)  # validates eta_knob and max_slowdown_factor
+        Objective(selector, eta_knob, max_slowdown_factor, max_power_scope=max_power_scope)  # validates them
+        make_search("adaptive", [1], Objective(), tolerance, noise, max_repeats, repeat_budget)  # validates them
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
             raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
         interval_s = self.check_interval(interval_s)
@@ -237,6 +209,8 @@ class PowerLimitOptimizer(MeteredCallback):
         self.gpu = gpu
         self._user_sensors = self.check_sensors(sensors)
         self.tolerance = float(tolerance)
+        self.noise, self.max_repeats, self.repeat_budget = float(noise), max_repeats, repeat_budget
+        self.max_power_scope = max_power_scope
         self.interval_s = interval_s
         self.log_figure = log_figure
         # results of the last fit
@@ -249,7 +223,8 @@ class PowerLimitOptimizer(MeteredCallback):
         self.dry_run_report: dict | None = None
         self._resume: dict | None = None
         self._state = None
-        self._restored = True
+        self._controller: gpu_control.LimitController | None = None
+        self._hangup = gpu_control.HangupGuard(self._restore)
 
     @property
     def state_key(self) -> str:
@@ -273,15 +248,20 @@ class PowerLimitOptimizer(MeteredCallback):
             raise ValueError(f"PowerLimitOptimizer needs the same power-limit range on every GPU, got {ranges} (mW)")
         self._gpu = gpu
         self._min_W, self._max_W = int(low_mW) // MILLI, int(high_mW) // MILLI
-        default = default_limit_mW(gpu)
+        default = gpu_control.default_limit_mW(gpu)
         self._default_W = default // MILLI if default is not None else self._max_W
         self._start_W = int(gpu.get_power_management_limit()) // MILLI
         self._gpu_name = str(gpu.get_name())
         self._grid = limit_grid(self._min_W, self._max_W, self.pl_step_W)
-        self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size)
-        self._strategy = make_search(self.search, self._grid, self._objective, self.tolerance)
+        self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size,
+                                    self.max_power_scope)
+        self._strategy = make_search(self.search, self._grid, self._objective, self.tolerance, self.noise,
+                                     self.max_repeats, self.repeat_budget)
+        self._simulated = gpu_control.is_simulated(gpu)
+        self._own_clock = getattr(gpu, "simulated_reading", lambda: None)() is not None
+        self._readings: dict[int, tuple[float, float]] = {}  # simulated card's own (J, s) at bounding steps
         if not self.dry_run:
-            self._ensure_persistence_mode(gpu)
+            self._take_card(gpu)
         self.profiles, self.limits_profiled, self.retried_windows = {}, [], 0
         self.chosen_limit_W, self.dry_run_report = None, None
         # windows by the index of their bounding steps (Lightning's ``_batches_that_stepped`` at the step):
@@ -311,19 +291,21 @@ class PowerLimitOptimizer(MeteredCallback):
             raise RuntimeError("PowerLimitOptimizer found no device-scope energy sensor for this rank's GPU "
                                f"(sensors: {names}); pass `sensors` with the GPU's sensor")
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        if not self.dry_run:
-            self._restored = False
-            atexit.register(self._restore_default)
 
-    def _ensure_persistence_mode(self, gpu) -> None:
-        """Persistence mode on, as Zeus does before changing limits (keeps the limit set between processes)."""
+    def _take_card(self, gpu) -> None:
+        """Record the limit and persistence mode in force (and write the crash marker) before any change;
+        persistence mode on, as Zeus does before changing limits. Restored by :meth:`_restore`."""
         with contextlib.redirect_stdout(io.StringIO()):
             from zeus.device.gpu import ZeusGPUNoPermissionError
+        controller = gpu_control.LimitController(gpu, f"PowerLimitOptimizer (pid {os.getpid()})")
         try:
-            if not gpu.get_persistence_mode():
-                gpu.set_persistence_mode(True)
+            controller.take()
         except ZeusGPUNoPermissionError as err:
+            controller.restore()
             raise RuntimeError(f"PowerLimitOptimizer cannot set GPU power limits ({err}). " + PERMISSION_FIXES) from err
+        self._controller = controller
+        atexit.register(self._restore)
+        self._hangup.install()
 
     def _load_profile_file(self, path: Path) -> None:
         profiles, document = read_profile(path)
@@ -340,11 +322,11 @@ class PowerLimitOptimizer(MeteredCallback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._restore_default()
+            self._restore()
         super().teardown(trainer, pl_module, stage)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore_default()
+        self._restore()
         super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- the card
@@ -356,19 +338,21 @@ class PowerLimitOptimizer(MeteredCallback):
             self._current_W = limit_W
             self._log(trainer, {"power_limit/current_W": float(limit_W)})
 
-    def _restore_default(self) -> None:
-        """The card's default limit back (fit end, exception, Ctrl-C, interpreter exit)."""
-        if self._restored or self.dry_run:
+    def _restore(self) -> None:
+        """The card as it was before the fit (fit end, exception, Ctrl-C, SIGHUP, interpreter exit)."""
+        controller, self._controller = self._controller, None
+        if controller is None:
             return
-        self._restored = True
-        atexit.unregister(self._restore_default)
-        try:
-            self._gpu.reset_power_management_limit()
-            self._current_W = self._default_W
-        except Exception as err:  # the run is ending: tell, do not mask the original error
-            rank_zero_warn(f"PowerLimitOptimizer could not restore the default power limit of "
-                           f"{self._default_W} W ({type(err).__name__}: {err}); set it by hand: "
-                           f"nvidia-smi -i {getattr(self._gpu, 'gpu_index', '<index>')} -pl {self._default_W}")
+        atexit.unregister(self._restore)
+        self._hangup.uninstall()
+        before = controller.before
+        problems = controller.restore()  # the run is ending: tell, do not mask the original error
+        if before is not None:
+            self._current_W = before.limit_mW // MILLI
+        if problems:
+            rank_zero_warn("PowerLimitOptimizer: " + "; ".join(problems) + (
+                f". The crash marker {controller.marker} stays: `lightning-energy restore-power-limit` retries"
+                if controller.marker is not None else ""))
 
     # ---------------------------------------------------------------- training
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -428,10 +412,12 @@ class PowerLimitOptimizer(MeteredCallback):
         Ready, Warmup, Profiling, Done = _zeus_states()
         self._state = Profiling(current_power_limit=limit_W * MILLI, steps=self.profile_steps)
         self._window_first = self._step_begun  # the window starts where this step's figures will start
+        self._read_own_clock(self._step_begun)
 
     def _finish_window(self, trainer: Trainer, limit_W: int) -> None:
         self._merge_pending(trainer)  # the previous window: its figures arrived long ago
         self._pending = (limit_W, self._window_first, self._step_begun)  # ends where this step starts
+        self._read_own_clock(self._step_begun)
         self._window_first = None
         self.limits_profiled.append(limit_W)
         if self.dry_run:
@@ -446,6 +432,8 @@ class PowerLimitOptimizer(MeteredCallback):
             next_W = self._strategy.next_limit(known)
         if next_W is None:
             self._decide(trainer)
+        elif next_W == limit_W:  # the same limit again (a near-tie): no change, so no warm-up
+            self._start_window(limit_W)
         else:
             self._begin_limit(trainer, next_W)
 
@@ -488,7 +476,11 @@ class PowerLimitOptimizer(MeteredCallback):
         keep = self._bounding_steps()
         self._starts = {step: mark for step, mark in self._starts.items() if step in keep}
         local = None
-        if marks is not None:
+        if self._own_clock:  # the simulated card's own figures: independent of the host's timing
+            start, end = self._readings.pop(first, None), self._readings.get(after_last)
+            if start is not None and end is not None:
+                local = (end[0] - start[0], end[1] - start[1])
+        elif marks is not None:
             m = measure(*marks)
             local = (sum(m.energy_J.get(name, 0.0) for name in self._device_sensors), m.duration_s)
         rows = distributed.gather(trainer, local)
@@ -497,8 +489,15 @@ class PowerLimitOptimizer(MeteredCallback):
             if limit_W in self.limits_profiled:
                 self.limits_profiled.remove(limit_W)
             return
-        self.profiles[limit_W] = LimitProfile(limit_W, sum(r[0] for r in rows), max(r[1] for r in rows),
-                                              self.profile_steps)
+        window = LimitProfile(limit_W, sum(r[0] for r in rows), max(r[1] for r in rows), self.profile_steps)
+        known = self.profiles.get(limit_W)
+        self.profiles[limit_W] = known.merged(window) if known is not None else window
+
+    def _read_own_clock(self, step: int) -> None:
+        """A simulated card on its own clock: its (energy J, time s) at the start of a window's bounding step
+        (before that step's work: the callback's ``on_train_batch_start`` runs first)."""
+        if self._own_clock:
+            self._readings[step] = self._gpu.simulated_reading()
 
     def _ordered_profiles(self) -> list[LimitProfile]:
         return sorted(self.profiles.values(), key=lambda p: p.limit_W, reverse=True)  # Zeus's profiling order
@@ -552,7 +551,7 @@ class PowerLimitOptimizer(MeteredCallback):
             rank_zero_warn(f"PowerLimitOptimizer: training ended before profiling finished ({len(self.profiles)} of "
                            f"{len(self._grid)} limits profiled); no limit was chosen. Train longer or lower "
                            "`profile_steps`/`warmup_steps`.")
-        self._restore_default()
+        self._restore()
 
     def _write_results(self, trainer: Trainer) -> None:
         ordered = self._ordered_profiles()
@@ -570,6 +569,8 @@ class PowerLimitOptimizer(MeteredCallback):
             pl_step_W=self.pl_step_W, search=self.search, wait_steps=self.wait_steps,
             warmup_steps=self.warmup_steps, profile_steps=self.profile_steps, retried_windows=self.retried_windows,
             loaded_from=str(self.profile_path) if self._loaded_profile else None,
+            simulated=self._simulated, energy_source=("simulated GPU (the card's own clock)" if self._own_clock else
+                                                      "simulated GPU" if self._simulated else "measured"),
         )
         self.profile_file = write_profile(self._log_dir / PROFILE_FILE, document)
         if self.profile_path is not None and not self.profile_path.exists():
@@ -580,7 +581,7 @@ class PowerLimitOptimizer(MeteredCallback):
     def _write_figure(self, trainer: Trainer, ordered: list[LimitProfile]) -> None:
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        figure = profile_figure(ordered, self._objective, self.chosen_limit_W)
+        figure = profile_figure(ordered, self._objective, self.chosen_limit_W, self._gpu_name, self._simulated)
         self.figure_file = write_figure_png(figure, self._log_dir / FIGURE_FILE)
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
@@ -597,10 +598,10 @@ class PowerLimitOptimizer(MeteredCallback):
         self._state = Done(optimal_power_limit=self._start_W * MILLI)
         plan = self._strategy.plan()
         per_limit = self.warmup_steps + self.profile_steps
-        steps = {"min": self.wait_steps + plan["min_limits"] * per_limit,
-                 "max": self.wait_steps + plan["max_limits"] * per_limit}
+        steps = {"min": self.wait_steps + plan["min_limits"] * per_limit + plan["calibration_windows"] * self.profile_steps,
+                 "max": self.wait_steps + (plan["max_limits"] + plan["repeat_budget"]) * per_limit}
         total = trainer.estimated_stepping_batches
-        problem = limit_permission_problem(self._gpu)
+        problem = gpu_control.permission_problem(self._gpu)
         self.dry_run_report = {
             "dry_run": True,
             "gpu_name": self._gpu_name,
@@ -667,9 +668,10 @@ class PowerLimitOptimizer(MeteredCallback):
         classes = {"Ready": Ready, "Warmup": Warmup, "Profiling": Profiling, "Done": Done}
         fields = dict(saved["state"])
         kind = fields.pop("type")
-        self.profiles = {int(row["power_limit"]): LimitProfile(int(row["power_limit"]), float(row["energy"]),
-                                                               float(row["time"]), int(row["steps"]))
-                         for row in saved.get("profiles", [])}
+        self.profiles = {int(row["power_limit"]): LimitProfile(
+            int(row["power_limit"]), float(row["energy"]), float(row["time"]), int(row["steps"]),
+            tuple(tuple(w) for w in row.get("windows", ())) if len(row.get("windows", ())) > 1 else ())
+            for row in saved.get("profiles", [])}
         self.chosen_limit_W = saved.get("chosen_limit_W")
         self.retried_windows = int(saved.get("retried_windows", 0))
         state = classes[kind](**fields)
