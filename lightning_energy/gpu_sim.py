@@ -38,15 +38,17 @@ What the model is calibrated to, and the published sources for each shape:
 - Zeus (J. You, J.-W. Chung, M. Chowdhury, "Zeus: Understanding and Optimizing GPU Energy Consumption
   of DNN Training", NSDI 2023): across DNN training jobs the energy-optimal power limit differs per job
   and is often below the maximum, and time rises as the limit falls (an energy-time trade-off).
-- A. Krzywaniak, P. Czarnul, J. Proficz, "GPU Power Capping for Energy-Performance Trade-Offs in
-  Training of Deep Convolutional Neural Networks for Image Recognition" (ICCS 2022): caps well below
-  the default save energy for a modest slowdown, with the best cap inside the range, not at its end.
-- P. Patel et al., "Towards Improved Power Management in Cloud GPUs" (IEEE Computer Architecture
-  Letters, 2023) and "POLCA: Power Oversubscription in LLM Cloud Providers" (2023): on A100s, caps cost
-  little performance near the top of the range (diminishing returns of power near TDP), far more low.
+- "Performance and Energy Aware Training of a Deep Neural Network in a Multi-GPU Environment with Power
+  Capping" (Euro-Par 2023 Workshops, doi:10.1007/978-3-031-48803-0_1; Gdansk University of Technology):
+  on an 8-GPU workstation, non-default caps of 160-200 W (default 260 W) saved over 25 % energy and
+  improved EDP by over 17 %: the best cap lies inside the range, not at its end.
+- P. Patel, Z. Gong, S. Rizvi, E. Choukse, P. Misra, T. Anderson, A. Sriraman, "Towards Improved Power
+  Management in Cloud GPUs" (IEEE Computer Architecture Letters 22, 2023, doi:10.1109/LCA.2023.3278652):
+  power capping and DVFS on current server GPUs are coarse and non-intuitive in their effect (which is
+  why the model has clock bins and a hard-throttle cliff rather than a smooth curve).
 - Z. Tang, Y. Wang, Q. Wang, X. Chu, "The Impact of GPU DVFS on the Energy and Performance of Deep
-  Learning: an Empirical Study" (e-Energy 2019): energy vs core clock is U-shaped for many networks
-  (an interior optimum) and memory-bound work barely slows at lower core clocks.
+  Learning: an Empirical Study" (e-Energy 2019): compared with the default core clock, the
+  energy-optimal core clock (inside the range) saved energy in most DNN training cases studied.
 
 Time runs on a clock: real time (a step sleeps for its duration), an injected fake clock with an
 ``advance(seconds)`` method (tests: a step advances it, runs take no time and energies are exact), or
