@@ -168,7 +168,7 @@ def run_tool(argv: Sequence[str]) -> int:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return text if isinstance(exc, BalerInputError) or not text else f"{text} ({type(exc).__name__})"
+    return text if not isinstance(exc, OSError) or not text else f"{text} ({type(exc).__name__})"
 
 
 def run_lightning(argv: Sequence[str] | None) -> int:
@@ -177,6 +177,7 @@ def run_lightning(argv: Sequence[str] | None) -> int:
     ``argv=None`` lets LightningCLI read ``sys.argv`` itself (passing both makes it warn).
     """
     from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
     from .data import BalerDataModule
     from .module import BalerModule
@@ -195,8 +196,8 @@ def run_lightning(argv: Sequence[str] | None) -> int:
                 "decompress|evaluate --help"
             },
         )
-    except BalerInputError as exc:
-        print(f"baler-lit: error: {exc}", file=sys.stderr)
+    except (BalerInputError, MisconfigurationException) as exc:  # a setting that cannot work: the user's to fix
+        print(f"baler-lit: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
 
