@@ -300,3 +300,20 @@ def test_compress_command_reports_round_trip_error_and_strict(trained, tmp_path,
                  "--latent-dtype", "float16"]) == 2
     assert "not finite in float16" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.baler", "far.npz"]
+
+
+# -- a training run that cannot work ------------------------------------------------------------------------
+def test_short_power_limit_run_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    """PowerLimitOptimizer on an epoch too short for one profiling window: before, the callback's
+    ValueError escaped LightningCLI as a traceback (exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["baler-lit"])  # LightningCLI warns when sys.argv and args both hold arguments
+    code = main(["fit", "--config", str(REPO / "configs" / "cms_ae.yaml"),
+                 "--config", str(REPO / "configs" / "power_limit_simulated.yaml"),
+                 "--trainer.max_epochs", "1", "--data.synthetic_rows", "300", "--trainer.enable_progress_bar", "false",
+                 "--trainer.enable_model_summary", "false", "--trainer.logger", "false"])
+    err = capsys.readouterr().err
+    assert code == 2
+    errors = [line for line in err.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert errors == [errors[0]] and errors[0].startswith("baler-lit: error: PowerLimitOptimizer: profiling one "
+                                                          "limit needs"), err
