@@ -156,7 +156,7 @@ class CompressedFile:
         ``MODEL_SIZE_FACTOR`` times the stored decoder's bytes, before it is built for real.
         """
         spec = self.header["model"]
-        stored = {name.removeprefix("decoder."): arr for name, arr in self.arrays.items() if name.startswith("decoder.")}
+        stored = {n.removeprefix("decoder."): arr for n, arr in self.arrays.items() if n.startswith("decoder.")}
         with torch.device("meta"):
             blueprint = self._build(spec)
         expected = blueprint.decoder.state_dict()

@@ -127,7 +127,8 @@ def read_header(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
         from . import __version__
 
         raise BalerInputError(
-            f"{path} was written in format version {_short(version)} (baler-lit {_short(header.get('library_version'))});"
+            f"{path} was written in format version {_short(version)}"
+            f" (baler-lit {_short(header.get('library_version'))});"
             f" this baler-lit {__version__} reads format version {FORMAT_VERSION} only"
         )
     return header

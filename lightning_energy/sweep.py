@@ -232,7 +232,7 @@ def _sensors(spec, limits: list) -> dict | None:
         raise SweepConfigError(f"sensors.simulated has unknown key(s) {unknown}; use device_W or gpu, and host_W")
     host_W = sim.get("host_W", 0.0)
     if not _watts(host_W, zero=True):
-        raise SweepConfigError(f"sensors.simulated.host_W must be a finite number of watts >= 0, got {host_W!r}")
+        raise SweepConfigError(f"sensors.simulated.host_W must be a number of watts >= 0 (finite), got {host_W!r}")
     if "gpu" in sim or limits:
         if "device_W" in sim:
             raise SweepConfigError(
@@ -247,12 +247,12 @@ def _sensors(spec, limits: list) -> dict | None:
         return {"device_W": None, "host_W": float(host_W), "gpu": gpu}
     device_W = sim.get("device_W")
     if not _watts(device_W):
-        raise SweepConfigError(f"sensors.simulated.device_W must be a finite number of watts > 0, got {device_W!r}")
+        raise SweepConfigError(f"sensors.simulated.device_W must be a number of watts > 0 (finite), got {device_W!r}")
     return {"device_W": float(device_W), "host_W": float(host_W), "gpu": None}
 
 
 def _watts(value, zero: bool = False) -> bool:
-    """A real number of watts: not a bool, finite (YAML's ``.inf`` and ``.nan`` are floats), > 0 (>= 0 with ``zero``)."""
+    """A real number of watts: not a bool, finite (YAML's ``.inf``/``.nan`` are floats), > 0 (>= 0 with ``zero``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     return value >= 0 if zero else value > 0
@@ -277,7 +277,8 @@ def _gpu_spec(raw) -> dict:
     spec = {"workload": workload, "step": dict(step), **{k: raw[k] for k in GPU_KEYS[2:] if k in raw}}
     for key in GPU_KEYS[2:]:
         if key in raw and not _watts(raw[key], zero=True):
-            raise SweepConfigError(f"sensors.simulated.gpu.{key} must be a finite number of watts, got {raw[key]!r}")
+            raise SweepConfigError(f"sensors.simulated.gpu.{key} must be a number of watts >= 0 (finite), "
+                                   f"got {raw[key]!r}")
     try:
         make_simulated_gpu(spec, gpu_index=-1)  # a throwaway card: the simulator checks its own arguments
     except (TypeError, ValueError, OverflowError) as err:

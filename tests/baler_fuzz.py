@@ -199,12 +199,14 @@ def targeted_cases(base: Archive, valid: Path, out: Path) -> dict[str, Path]:
     cases["header 2 MB of names"] = base.write(
         out / "bignames.baler",
         raw_header=json.dumps({**base.header, "names": ["n" * 100] * 21000}).encode())
-    cases["header.json deflated"] = base.write(out / "deflated_header.baler", compress={"header.json": zipfile.ZIP_DEFLATED})
+    cases["header.json deflated"] = base.write(out / "deflated_header.baler",
+                                               compress={"header.json": zipfile.ZIP_DEFLATED})
     cases["latent deflated"] = base.write(out / "deflated_latent.baler",
                                           compress={"arrays/latent.bin": zipfile.ZIP_DEFLATED})
     cases["deflate bomb in header.json"] = _bomb(base, out / "bomb_header.baler", "header.json", BOMB_BYTES)
     cases["deflate bomb in latent"] = _bomb(base, out / "bomb_latent.baler", "arrays/latent.bin", 2**25)
-    cases["duplicate entry"] = _with_extra(base, out / "dup.baler", "arrays/latent.bin", base.entries["arrays/latent.bin"])
+    cases["duplicate entry"] = _with_extra(base, out / "dup.baler", "arrays/latent.bin",
+                                           base.entries["arrays/latent.bin"])
     cases["extra entry"] = _with_extra(base, out / "extra.baler", "evil.bin", b"\0" * 8)
     cases["no header.json"] = _without(base, out / "noheader.baler", "header.json")
     cases["no latent entry"] = _without(base, out / "nolatent.baler", "arrays/latent.bin")
@@ -390,7 +392,8 @@ for index, (name, (command, path)) in enumerate(cases.items()):
     out.mkdir()
     target = out / ("restored.npz" if command == "decompress" else "report")
     argv = (["decompress", "--input", path, "--output", str(target)] if command == "decompress" else
-            ["evaluate", "--original", sys.argv[4], "--restored", sys.argv[4], "--compressed", path, "--out", str(target)])
+            ["evaluate", "--original", sys.argv[4], "--restored", sys.argv[4], "--compressed", path,
+             "--out", str(target)])
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

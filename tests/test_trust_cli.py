@@ -215,8 +215,8 @@ def test_corrupt_catalog_gives_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("change, words", [
     (lambda c: c["grid"].update(power_limit_W=[float("inf")]), "grid.power_limit_W values must be finite watts"),
     (lambda c: c["grid"].update(power_limit_W=[float("nan")]), "grid.power_limit_W values must be finite watts"),
-    (lambda c: c["sensors"]["simulated"].update(host_W=float("inf")), "host_W must be a finite number"),
-    (lambda c: c["sensors"]["simulated"]["gpu"].update(idle_W=float("inf")), "gpu.idle_W must be a finite number"),
+    (lambda c: c["sensors"]["simulated"].update(host_W=float("inf")), "host_W must be a number of watts >= 0 (finite)"),
+    (lambda c: c["sensors"]["simulated"]["gpu"].update(idle_W=float("inf")), "gpu.idle_W must be a number of watts"),
     (lambda c: c.update(sensors="auto", trainer={**c["trainer"], "accelerator": "gpu"}),
      None),  # sensors: auto with .inf: the same check before any GPU is opened
 ])
