@@ -12,13 +12,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from baler_conftest_helpers import REPO, one_thread, quick_trainer, single_thread  # noqa: F401 (fixture)
 from baler_fuzz import build_cases, outcome, run_cli, run_in_process, table
+from trust_helpers import read_only_dir  # noqa: F401 (fixture)
 
 from baler_lit.cli import main
 from baler_lit.compression import NORM_RANGE_MARGIN, compress, decompress, read_compressed
@@ -178,24 +178,6 @@ def test_temp_file_is_private_until_renamed_and_then_gets_the_usual_mode(trained
 
 
 # -- outputs that cannot be written -------------------------------------------------------------------------
-@pytest.fixture
-def read_only_dir(tmp_path):
-    """A folder nobody can create files in: mode 0555, made immutable when running as root."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    immutable = False
-    if os.access(folder, os.W_OK):  # root ignores the mode
-        immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
-        if not immutable:
-            folder.chmod(0o755)
-            pytest.skip("cannot make a folder read-only for this user")
-    yield folder
-    if immutable:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
-    folder.chmod(0o755)
-
-
 @pytest.mark.parametrize("command", ["compress", "decompress", "evaluate"])
 def test_read_only_output_directory_gives_one_line(trained, read_only_dir, capsys, command):
     _, _, ckpt, data, baler = trained

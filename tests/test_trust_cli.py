@@ -7,7 +7,6 @@ Table-driven: each case builds a bad input and names the commands that read it.
 from __future__ import annotations
 
 import copy
-import os
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from test_commands import BASE_CONFIG
+from trust_helpers import read_only_dir  # noqa: F401 (fixture)
 from workbench_helpers import write_run
 
 from lightning_energy.catalog import Catalog
@@ -127,24 +127,6 @@ def test_report_refuses_the_truncated_trace_that_compare_refuses(tmp_path, capsy
         assert code == 2
         errors.append(err.split("error: ", 1)[1])
     assert errors[0] == errors[1]  # one rule, one message
-
-
-@pytest.fixture
-def read_only_dir(tmp_path):
-    """A folder nobody can create files in: mode 0555, made immutable when running as root."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    immutable = False
-    if os.access(folder, os.W_OK):  # root ignores the mode
-        immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
-        if not immutable:
-            folder.chmod(0o755)
-            pytest.skip("cannot make a folder read-only for this user")
-    yield folder
-    if immutable:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
-    folder.chmod(0o755)
 
 
 @pytest.mark.parametrize("command", ["report", "compare"])

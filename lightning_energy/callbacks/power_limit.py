@@ -48,6 +48,11 @@ from lightning_energy.power_limit import (
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
 
+
+class PowerLimitConfigError(MisconfigurationException, ValueError):
+    """Settings that cannot work on this run (Lightning's configuration error, and a ValueError)."""
+
+
 DRY_RUN_FILE = "power_limit_dry_run.json"
 MILLI = 1000
 PERMISSION_FIXES = (
@@ -389,7 +394,7 @@ class PowerLimitOptimizer(MeteredCallback):
         room = min(batches, between_validations if between_validations else math.inf)
         if math.ceil(room / accumulate) < span:
             per_step = f" of {accumulate} batches" if accumulate > 1 else ""
-            raise MisconfigurationException(
+            raise PowerLimitConfigError(
                 f"PowerLimitOptimizer: profiling one limit needs warmup_steps + profile_steps + 1 = {span} training "
                 f"steps{per_step} in a row, but an epoch has {batches} batches (validation every "
                 f"{between_validations}); every window would be interrupted. Lower `warmup_steps`/`profile_steps` "
