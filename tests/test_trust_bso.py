@@ -37,7 +37,8 @@ def zeus_app(tmp_path_factory):
         else:
             os.environ["ZEUS_BSO_DATABASE_URL"] = previous
     asyncio.run(bso_server.create_tables(base, sessionmanager))
-    return app
+    yield app
+    asyncio.run(sessionmanager._engine.dispose())  # close the pool's SQLite connections before exit
 
 
 def requests(app, calls):
