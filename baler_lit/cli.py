@@ -56,6 +56,8 @@ def _tool_parser() -> argparse.ArgumentParser:
         "beyond float16's ±65504 is refused with a clear message)",
     )  # fmt: skip
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    c.add_argument("--strict", action="store_true",
+                   help="refuse input outside the checkpoint's normalisation range instead of warning")
     _add_root_options(c, "data")
 
     d = sub.add_parser("decompress", help="restore a .baler file to an .npz file")
@@ -120,12 +122,17 @@ def _compress(args: argparse.Namespace) -> str:
             f" first difference at column {diff}"
         )
     result = compress(
-        module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite
+        module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
+        strict=args.strict,
     )
+    for line in result.warnings:
+        print(f"baler-lit compress: warning: {line}", file=sys.stderr)
     return (
         f"compressed {result.n_rows} rows of {table.source} → {result.path}: {result.file_bytes} bytes"
         f" (original {result.original_bytes} bytes, ratio {result.ratio:.3f}, latent {result.latent_dim}"
-        f" × {result.latent_dtype}) in {result.seconds:.3f} s"
+        f" × {result.latent_dtype}) in {result.seconds:.3f} s\n"
+        f"round-trip error measured on {result.roundtrip_rows} of the rows just compressed: mean normalised RMS"
+        f" {result.roundtrip_mean_norm_rms:.4g}, worst column {result.roundtrip_max_norm_rms:.4g}"
     )
 
 
@@ -154,8 +161,8 @@ def run_tool(argv: Sequence[str]) -> int:
     action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate}[args.command]
     try:
         message = action(args)
-    except BalerInputError as exc:
-        print(f"baler-lit {args.command}: error: {exc}", file=sys.stderr)
+    except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for
+        print(f"baler-lit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(message)
     return 0
@@ -176,12 +183,18 @@ def _keep_one_energy_callback(callbacks: list) -> list:
     return kept
 
 
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if not isinstance(exc, OSError) or not text else f"{text} ({type(exc).__name__})"
+
+
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
 
     ``argv=None`` lets LightningCLI read ``sys.argv`` itself (passing both makes it warn).
     """
     from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
     from .data import BalerDataModule
     from .module import BalerModule
@@ -208,8 +221,8 @@ def run_lightning(argv: Sequence[str] | None) -> int:
                 "decompress|evaluate --help"
             },
         )
-    except BalerInputError as exc:
-        print(f"baler-lit: error: {exc}", file=sys.stderr)
+    except (BalerInputError, MisconfigurationException) as exc:  # a setting that cannot work: the user's to fix
+        print(f"baler-lit: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
 

@@ -29,14 +29,15 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .compression import LATENT_DTYPES, CompressedFile, decode
-from .errors import BalerInputError
-from .table import Table
+from .errors import BalerInputError, BalerOutputError, output_error
+from .table import Table, process_umask, removed_on_termination
 
 #: Columns per figure row in the per-column histogram grids.
 GRID_COLUMNS = 6
@@ -131,17 +132,42 @@ def tradeoff(original: Table, compressed: CompressedFile) -> list[dict[str, Any]
     rows = []
     for name, (_, np_dtype) in LATENT_DTYPES.items():
         size = compressed.file_bytes - latent_bytes + n_latent * np_dtype.itemsize
-        values = decode(compressed, latent_dtype=name).astype(np.float64, copy=False)
+        try:
+            error = overall_error(original, decode(compressed, latent_dtype=name).astype(np.float64, copy=False))
+        except BalerInputError:
+            if name == h["latent_dtype"]:
+                raise
+            error = None  # the latent overflows this dtype: it cannot be stored in it
         rows.append(
             {
                 "latent_dtype": name,
                 "stored": name == h["latent_dtype"],
                 "file_bytes": int(size),
                 "ratio": h["original_bytes"] / size,
-                "mean_norm_rms": overall_error(original, values),
+                "mean_norm_rms": error,
             }
         )
     return rows
+
+
+def check_compressed_matches(original: Table, compressed: CompressedFile) -> None:
+    """Raise a clear error when ``compressed`` does not hold ``original``'s rows and columns."""
+    h = compressed.header
+    if (h["n_rows"], tuple(h["sample_shape"])) != (original.n_rows, original.sample_shape):
+        raise BalerInputError(
+            f"compressed file {compressed.path} holds {h['n_rows']} rows of shape {tuple(h['sample_shape'])},"
+            f" the original {original.source} {original.n_rows} rows of shape {original.sample_shape}:"
+            " it is not the compressed form of this data"
+        )
+    if not original.is_frames and _named(h["names"]) and _named(original.names) and h["names"] != original.names:
+        raise BalerInputError(
+            f"compressed file {compressed.path} has other columns than the original {original.source}"
+            f" (first difference: {next(a for a, b in zip(h['names'], original.names) if a != b)!r})"
+        )
+
+
+def _named(names: list[str]) -> bool:
+    return not all(n == f"col_{i}" for i, n in enumerate(names))
 
 
 # -- figures -----------------------------------------------------------------------------------------------
@@ -224,6 +250,7 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
         fig.tight_layout()
         figs["frames"] = fig
 
+    trade = [t for t in trade or [] if t["mean_norm_rms"] is not None]
     if trade:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([t["ratio"] for t in trade], [t["mean_norm_rms"] for t in trade], "o-")
@@ -297,9 +324,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"compression ratio (whole file): {summary['compression_ratio']:.3f}")
     for t in summary.get("tradeoff") or []:
         mark = " (stored)" if t["stored"] else ""
-        lines.append(
-            f"  latent {t['latent_dtype']:<8} ratio {t['ratio']:7.3f}  error {t['mean_norm_rms']:.5f}{mark}"
-        )
+        error = "not representable" if t["mean_norm_rms"] is None else f"{t['mean_norm_rms']:.5f}"
+        lines.append(f"  latent {t['latent_dtype']:<8} ratio {t['ratio']:7.3f}  error {error}{mark}")
     return "\n".join(lines)
 
 
@@ -340,11 +366,17 @@ def evaluate(
     With ``tensorboard_dir`` the figures and the per-column table (text) are also written as TensorBoard events.
     """
     check_comparable(original, restored)
+    if compressed is not None:
+        check_compressed_matches(original, compressed)
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise BalerInputError(f"output folder {out} already exists; pass --overwrite to replace its files")
+    if out.exists() and not out.is_dir():
+        raise BalerInputError(f"output {out} is not a folder")
     if not out.parent.is_dir():
         raise BalerInputError(f"output directory {out.parent} does not exist")
+    if not os.access(out if out.exists() else out.parent, os.W_OK | os.X_OK):
+        raise BalerOutputError(f"output directory {out if out.exists() else out.parent} is not writable")
     summary: dict[str, Any] = {
         "original": original.source,
         "restored": restored.source,
@@ -384,19 +416,26 @@ def _render(figs: dict[str, Any]) -> dict[str, bytes]:
 
 
 def _write_report(out: Path, pngs: dict[str, bytes], summary: dict[str, Any]) -> None:
-    """Save figures and summary; a new folder is filled under a temporary name and renamed at the end."""
-    target = out if out.exists() else out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    target.mkdir(exist_ok=True)
+    """Save figures and summary. A new folder is filled under a private temporary name
+    (:func:`tempfile.mkdtemp`: created exclusively, unpredictable, mode 0700) and renamed at the end;
+    a failure, SIGINT or SIGTERM removes it. ``OSError`` becomes :class:`BalerOutputError`."""
     try:
-        for name, png in pngs.items():
-            (target / f"{name}.png").write_bytes(png)
-        (target / "summary.json").write_text(json.dumps(summary, indent=1))
-        if target != out:
-            os.replace(target, out)
-    except BaseException:
+        target = out if out.exists() else Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:
+        raise output_error(out, exc, "create") from None
+    try:
+        with removed_on_termination():
+            for name, png in pngs.items():
+                (target / f"{name}.png").write_bytes(png)
+            (target / "summary.json").write_text(json.dumps(summary, indent=1))
+            if target != out:
+                os.chmod(target, 0o777 & ~process_umask())  # as a plain mkdir would have made it
+                os.replace(target, out)
+    except OSError as exc:
+        raise output_error(out, exc) from None
+    finally:
         if target != out:
             shutil.rmtree(target, ignore_errors=True)
-        raise
 
 
 def _to_tensorboard(log_dir: str | os.PathLike, pngs: dict[str, bytes], summary: dict[str, Any]) -> None:

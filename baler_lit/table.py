@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-from .errors import BalerInputError
+from .errors import BalerInputError, BalerOutputError, output_error
 
 
 @dataclass
@@ -201,7 +205,7 @@ def restore_dtypes(
 
 
 def check_output(path: str | os.PathLike, overwrite: bool) -> Path:
-    """Validate an output file path before any work: parent exists, no silent overwrite."""
+    """Validate an output file path before any work: parent exists and is writable, no silent overwrite."""
     out = Path(path)
     if out.exists() and not overwrite:
         raise BalerInputError(f"output {out} already exists; pass --overwrite to replace it")
@@ -209,32 +213,84 @@ def check_output(path: str | os.PathLike, overwrite: bool) -> Path:
         raise BalerInputError(f"output {out} is a directory")
     if not out.parent.is_dir():
         raise BalerInputError(f"output directory {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise BalerOutputError(f"output directory {out.parent} is not writable")
     return out
 
 
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
+def process_umask() -> int:
+    """This process's umask (read from /proc where it can be, so it is never changed, even briefly)."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+        return umask
 
-    A failure (or interruption) leaves no partial file at ``path`` and removes the temporary file.
+
+def new_file_mode() -> int:
+    """The mode a newly created file gets here: ``0o666`` less the process's umask."""
+    return 0o666 & ~process_umask()
+
+
+@contextlib.contextmanager
+def removed_on_termination() -> Iterator[None]:
+    """Inside the block, SIGTERM raises ``SystemExit(143)`` (in the main thread, when SIGTERM had its
+    default action), so ``finally`` clauses remove temporary files as they do on SIGINT (KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, overwrite: bool) -> Iterator[BinaryIO]:
+    """Yield a private temporary file (binary, open for writing) next to ``path``; rename it onto ``path``
+    only if the block succeeds.
+
+    The temporary file is created exclusively under an unpredictable name (:func:`tempfile.mkstemp`:
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, so a planted file or symlink is never written through),
+    written through its descriptor, flushed, given the mode a new file gets (:func:`new_file_mode`) and
+    renamed. A failure, SIGINT or SIGTERM removes it and leaves ``path`` as it was. An ``OSError`` is
+    re-raised as :class:`BalerOutputError` (one line naming ``path``; still an ``OSError``).
     """
     out = check_output(path, overwrite)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        yield tmp
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    except OSError as exc:
+        raise output_error(out, exc) from None
+    try:
+        with removed_on_termination(), os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fchmod(fh.fileno(), new_file_mode())
         os.replace(tmp, out)
+    except BalerOutputError:
+        raise
+    except OSError as exc:
+        raise output_error(out, exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
 
 
 def write_npz(
     path: str | os.PathLike, data: np.ndarray, names: list[str], dtypes: list[str], overwrite: bool = False
 ) -> Path:
     """Write Baler's npz layout (``data``, ``names``) plus ``dtypes``, atomically; ``data`` is written as is."""
-    with atomic_output(path, overwrite) as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, data=data, names=np.array(names, dtype=str), dtypes=np.array(dtypes, dtype=str))
+    if np.asarray(data).dtype.kind not in "fiub":
+        raise BalerInputError(f"refusing to write {path}: data of dtype {np.asarray(data).dtype} is not numeric")
+    with atomic_output(path, overwrite) as fh:
+        np.savez(fh, data=data, names=np.array(names, dtype=str), dtypes=np.array(dtypes, dtype=str))
     return Path(path)
 
 

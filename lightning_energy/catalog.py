@@ -144,7 +144,7 @@ class Catalog:
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         timeout_s = self._timeout_s
-        with closing(sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)) as conn:
+        with closing(self._open(create, timeout_s)) as conn:
             conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
             conn.execute("PRAGMA foreign_keys = ON")
             try:
@@ -160,6 +160,24 @@ class Catalog:
                 raise CatalogError(f"{self.path} is not a lightning-energy run catalog ({_one_line(err)})") from None
             conn.row_factory = sqlite3.Row
             yield conn
+
+    def _open(self, create: bool, timeout_s: float) -> sqlite3.Connection:
+        """A connection; for reading, a catalog SQLite cannot open as usual because its folder or file is
+        read-only (WAL mode needs its ``-shm`` file) is opened read-only and ``immutable`` (nobody can be
+        writing to it there), so ``list``/``show``/``export`` work on a read-only copy."""
+        conn = sqlite3.connect(self.path, timeout=timeout_s, isolation_level=None)
+        if create or os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK | os.X_OK):
+            return conn
+        try:
+            conn.execute("PRAGMA user_version").fetchone()
+            return conn
+        except sqlite3.OperationalError as err:
+            if _code(err) not in (8, 14):  # SQLITE_READONLY, SQLITE_CANTOPEN
+                conn.close()
+                raise
+        conn.close()
+        uri = f"{self.path.resolve().as_uri()}?mode=ro&immutable=1"
+        return sqlite3.connect(uri, uri=True, timeout=timeout_s, isolation_level=None)
 
     @staticmethod
     def _create(conn: sqlite3.Connection) -> None:
@@ -329,7 +347,14 @@ def _catalog_error(path: Path, doing: str, err: sqlite3.Error, timeout_s: float)
 def _fit_row(row: sqlite3.Row) -> dict:
     fit = dict(row)
     for name in JSON_COLUMNS:
-        fit[name] = json.loads(fit[name]) if fit[name] else {}
+        try:
+            fit[name] = json.loads(fit[name]) if fit[name] else {}
+        except (TypeError, ValueError, RecursionError):
+            fit[name] = None
+        if not isinstance(fit[name], dict):
+            raise CatalogError(f"run catalog: fit {fit.get('id')} is damaged: its `{name}` is not a JSON object")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fit["metrics"].values()):
+        raise CatalogError(f"run catalog: fit {fit.get('id')} is damaged: its `metrics` are not all numbers")
     fit["estimated"] = bool(fit["estimated"]) if fit["estimated"] is not None else None
     fit["provenance"] = of_report({"provenance": fit.get("provenance"), "estimated": fit["estimated"]})
     return fit

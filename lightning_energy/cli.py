@@ -1,7 +1,8 @@
 """The ``lightning-energy`` command: one sub-command per module under ``lightning_energy.commands``.
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
-Errors a user can fix raise :class:`CommandError`; they are printed as one line on stderr with exit 2.
+Errors a user can fix raise :class:`CommandError`; they are printed as one line on stderr with exit 2, and
+so is an ``OSError`` (a read-only or full output folder).
 Start-up stays light (no Lightning, torch or matplotlib until a command needs them): the package's public
 names load lazily and each command imports its heavy modules inside ``run``. Output piped into a reader
 that stops early (``| head``) ends the command quietly.
@@ -46,10 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except CommandError as err:
-        print(f"lightning-energy {args.command}: error: {err}", file=sys.stderr)
+        print(f"lightning-energy {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # an OSError too: caught first
         return _reader_went_away()
+    except OSError as err:  # a file system refusing what the user asked for: a read-only or full output folder
+        where = f": {err.filename}" if err.filename else ""
+        print(f"lightning-energy {args.command}: error: {err.strerror or ' '.join(str(err).split())}{where}",
+              file=sys.stderr)
+        return 2
 
 
 def _reader_went_away() -> int:

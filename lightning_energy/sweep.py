@@ -98,9 +98,11 @@ def load_config(path: str | Path) -> SweepConfig:
     if not path.is_file():
         raise SweepConfigError(f"sweep config {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SweepConfigError(f"{path} is not valid YAML: {err}") from None
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
+        raise SweepConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except OSError as err:
+        raise SweepConfigError(f"cannot read sweep config {path}: {err.strerror or err}") from None
     return parse_config(raw, base=path.parent, default_name=path.stem)
 
 
@@ -215,9 +217,9 @@ def _grid(grid) -> dict[str, list]:
                 raise SweepConfigError(f"grid.precision values are Lightning precisions like '32-true', got {v!r}")
             if axis == "batch_size" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise SweepConfigError(f"grid.batch_size values must be positive integers, got {v!r}")
-            if axis == "power_limit_W" and v is not None and (
-                    isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-                raise SweepConfigError(f"grid.power_limit_W values must be watts > 0 (or null: no limit), got {v!r}")
+            if axis == "power_limit_W" and v is not None and not _watts(v):
+                raise SweepConfigError(f"grid.power_limit_W values must be finite watts > 0 (or null: no limit), "
+                                       f"got {v!r}")
         out[axis] = [str(v) if axis == "precision" else v for v in values]
     return out
 
@@ -234,8 +236,8 @@ def _sensors(spec, limits: list) -> dict | None:
     if unknown:
         raise SweepConfigError(f"sensors.simulated has unknown key(s) {unknown}; use device_W or gpu, and host_W")
     host_W = sim.get("host_W", 0.0)
-    if isinstance(host_W, bool) or not isinstance(host_W, (int, float)) or not host_W >= 0:
-        raise SweepConfigError(f"sensors.simulated.host_W must be a number of watts >= 0, got {host_W!r}")
+    if not _watts(host_W, zero=True):
+        raise SweepConfigError(f"sensors.simulated.host_W must be a number of watts >= 0 (finite), got {host_W!r}")
     if "gpu" in sim or limits:
         if "device_W" in sim:
             raise SweepConfigError(
@@ -249,9 +251,16 @@ def _sensors(spec, limits: list) -> dict | None:
                                        f"[{low}, {high}] W (sensors.simulated.gpu min_limit_W / max_limit_W)")
         return {"device_W": None, "host_W": float(host_W), "gpu": gpu}
     device_W = sim.get("device_W")
-    if isinstance(device_W, bool) or not isinstance(device_W, (int, float)) or not device_W > 0:
-        raise SweepConfigError(f"sensors.simulated.device_W must be a number of watts > 0, got {device_W!r}")
+    if not _watts(device_W):
+        raise SweepConfigError(f"sensors.simulated.device_W must be a number of watts > 0 (finite), got {device_W!r}")
     return {"device_W": float(device_W), "host_W": float(host_W), "gpu": None}
+
+
+def _watts(value, zero: bool = False) -> bool:
+    """A real number of watts: not a bool, finite (YAML's ``.inf``/``.nan`` are floats), > 0 (>= 0 with ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value >= 0 if zero else value > 0
 
 
 def _gpu_spec(raw) -> dict:
@@ -271,9 +280,13 @@ def _gpu_spec(raw) -> dict:
     if not isinstance(step, dict) or set(step) - set(names):
         raise SweepConfigError(f"sensors.simulated.gpu.step must map StepModel fields {names} to values, got {step!r}")
     spec = {"workload": workload, "step": dict(step), **{k: raw[k] for k in GPU_KEYS[2:] if k in raw}}
+    for key in GPU_KEYS[2:]:
+        if key in raw and not _watts(raw[key], zero=True):
+            raise SweepConfigError(f"sensors.simulated.gpu.{key} must be a number of watts >= 0 (finite), "
+                                   f"got {raw[key]!r}")
     try:
         make_simulated_gpu(spec, gpu_index=-1)  # a throwaway card: the simulator checks its own arguments
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:
         raise SweepConfigError(f"sensors.simulated.gpu: {err}") from None
     defaults = {"min_limit_W": gpu_sim.V100_MIN_LIMIT_W, "max_limit_W": gpu_sim.V100_MAX_LIMIT_W,
                 "default_limit_W": gpu_sim.V100_DEFAULT_LIMIT_W}

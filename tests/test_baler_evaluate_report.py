@@ -80,7 +80,7 @@ def test_a_latent_beyond_float16s_range_is_refused_with_the_fix(trained, tmp_pat
     with torch.no_grad():
         module.model.encoder[-1].bias.add_(1e6)  # a latent far beyond ±65504
     out = tmp_path / "big.baler"
-    with pytest.raises(BalerInputError, match=r"beyond the range of float16 .*use --latent-dtype bfloat16 or float32"):
+    with pytest.raises(BalerInputError, match=r"not finite in float16, .*use --latent-dtype bfloat16 or float32"):
         compress(module.model, module.normalizer, table, out, "float16", dict(module.hparams))
     assert not out.exists()
     result = compress(module.model, module.normalizer, table, out, "float32", dict(module.hparams))

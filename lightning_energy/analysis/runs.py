@@ -30,6 +30,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +39,7 @@ import numpy as np
 from lightning_energy.catalog import RUN_ATTRIBUTES_FILE
 from lightning_energy.provenance import UNKNOWN, of_report
 from lightning_energy.report import REPORT_FILE
-from lightning_energy.trace import EVENTS_FILE, TRACE_FILE, read_trace
+from lightning_energy.trace import EVENTS_FILE, TRACE_FILE
 
 HPARAMS_FILE = "hparams.yaml"
 CLI_CONFIG_FILE = "config.yaml"  # LightningCLI's SaveConfigCallback: the whole parsed config, in the log dir
@@ -94,6 +95,7 @@ class Run:
     # where the joules come from (lightning_energy.provenance), from energy_report.json's sensors;
     # "unknown" for a run without a report (a crashed fit)
     provenance: str = UNKNOWN
+    notes: list[str] = field(default_factory=list)  # what was left out while reading (a row cut mid-line)
 
     @property
     def start_s(self) -> float:
@@ -149,13 +151,8 @@ class Run:
         more than ``EDGE_TOLERANCE_INTERVALS`` sampling intervals outside the samples.
         """
         t, power, energy = self.time_s, self.power_W, self.energy_J
-        allowed_s = EDGE_TOLERANCE_INTERVALS * self.sample_interval_s
+        self.check_coverage(start_s, end_s)
         before_s, after_s = t[0] - start_s, end_s - t[-1]
-        if end_s < start_s or before_s > allowed_s or after_s > allowed_s:
-            raise RunError(
-                f"run {self.name}: the fit window [{start_s:.6f}, {end_s:.6f}] s is not covered by the samples "
-                f"[{t[0]:.6f}, {t[-1]:.6f}] s (at most {EDGE_TOLERANCE_INTERVALS:g} sampling intervals = "
-                f"{allowed_s:.4g} s outside are continued); is the trace truncated or the events file another run's?")
         if before_s > 0:
             t, power = np.concatenate(([start_s], t)), np.concatenate(([power[0]], power))
             energy = np.concatenate(([self.cumulative_J(start_s)], energy))
@@ -163,6 +160,35 @@ class Run:
             t, power = np.concatenate((t, [end_s])), np.concatenate((power, [power[-1]]))
             energy = np.concatenate((energy, [self.cumulative_J(end_s)]))
         return t, power, energy
+
+    def check_coverage(self, start_s: float | None = None, end_s: float | None = None) -> None:
+        """:class:`RunError` saying what is missing when the samples do not cover ``[start_s, end_s]`` (the fit,
+        by default) up to ``EDGE_TOLERANCE_INTERVALS`` sampling intervals at either end.
+
+        Every command (``report``, ``compare``, ``fit``) loads runs through this check, so none of them
+        extrapolates over a truncated trace that another refuses.
+        """
+        start_s = self.start_s if start_s is None else start_s
+        end_s = self.end_s if end_s is None else end_s
+        t = self.time_s
+        allowed_s = EDGE_TOLERANCE_INTERVALS * self.sample_interval_s
+        before_s, after_s = t[0] - start_s, end_s - t[-1]
+        if end_s >= start_s and before_s <= allowed_s and after_s <= allowed_s:
+            return
+        span = end_s - start_s
+        missing = []
+        if before_s > allowed_s:
+            missing.append(f"the first {before_s:.4g} s")
+        if after_s > allowed_s:
+            missing.append(f"the last {after_s:.4g} s")
+        share = (max(before_s, 0.0) + max(after_s, 0.0)) / span if span > 0 else math.nan
+        what = (f"{' and '.join(missing)} of the fit ({100 * share:.0f} % of its {span:.4g} s) have no samples"
+                if missing and span > 0 else "the fit's end lies before its start")
+        cut = f" ({'; '.join(self.notes)})" if self.notes else ""
+        raise RunError(
+            f"run {self.name}: the trace covers [{t[0]:.6f}, {t[-1]:.6f}] s but the fit ran over [{start_s:.6f}, "
+            f"{end_s:.6f}] s: {what}{cut}; at most {EDGE_TOLERANCE_INTERVALS:g} sampling intervals "
+            f"({allowed_s:.4g} s) are continued. Is the trace truncated, or the events file another run's?")
 
     @property
     def extrapolated_s(self) -> float:
@@ -205,20 +231,23 @@ def load_run(run_dir: str | Path) -> Run:
     trace_path = path / TRACE_FILE
     if not trace_path.exists():
         raise RunError(f"no {TRACE_FILE} in {path} (is it the log dir of a fit with EnergyCallback?)")
-    time_s, sensors, powers, unix_s = _read_one_trace(trace_path)
+    notes: list[str] = []
+    time_s, sensors, powers, unix_s = _read_one_trace(trace_path, notes)
     events = _read_events(path / EVENTS_FILE)
     time_s, sensors, powers, unix_s = _with_mark_points(time_s, sensors, powers, unix_s, events)
     sensors = {name: cumulative - cumulative[0] for name, cumulative in sensors.items()}
     for extra in sorted(path.glob("energy_trace_rank*.csv")):
         rank = extra.stem.rsplit("_rank", 1)[1]
-        _, s_r, p_r, u_r = _read_one_trace(extra)
+        _, s_r, p_r, u_r = _read_one_trace(extra, notes)
         for name in s_r:
             sensors[f"{name}@rank{rank}"] = np.interp(unix_s, u_r, s_r[name] - s_r[name][0])
             powers[f"{name}@rank{rank}"] = np.interp(unix_s, u_r, p_r[name], left=0.0, right=0.0)
     energy_J = np.sum(list(sensors.values()), axis=0)
     power_W = np.sum(list(powers.values()), axis=0)
-    return Run(_run_name(path), path, time_s, power_W, energy_J, sensors, powers, events, _read_attributes(path),
-               _read_provenance(path))
+    run = Run(_run_name(path), path, time_s, power_W, energy_J, sensors, powers, events, _read_attributes(path),
+              provenance=_read_provenance(path), notes=notes)
+    run.check_coverage()
+    return run
 
 
 def report_attributes(report: dict) -> dict:
@@ -254,22 +283,70 @@ def _flatten(mapping: dict, prefix: str = "") -> dict:
     return out
 
 
-def _read_one_trace(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """(time s, cumulative J per sensor as written, power W per sensor, unix time s) of one trace file."""
+def _read_trace_columns(path: Path) -> tuple[dict[str, list[float]], list[str]]:
+    """Columns of a trace CSV by name (first copy of a name written twice; blank cells NaN) and notes.
+
+    A file that does not end with a line break was cut mid-line (the writer ends every row): its last,
+    incomplete row is left out and a note says so. Any other row with the wrong number of cells, a cell
+    that is not a number, bytes that are not UTF-8 or a NUL byte is a :class:`RunError` naming the line.
+    """
+    notes = []
+    with open(path, "rb") as raw:
+        raw.seek(0, os.SEEK_END)
+        size = raw.tell()
+        if size:
+            raw.seek(-1, os.SEEK_END)
+        cut = size > 0 and raw.read(1) not in (b"\n", b"\r")
+    line = 1
     try:
-        columns = read_trace(path)
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = csv.reader(fh)
+            header = next(rows)
+            first = {name: header.index(name) for name in header}
+            cells: list[list[float]] = [[] for _ in header]
+            pending = None
+            for line, row in enumerate(rows, start=2):
+                if pending is not None:
+                    _append_row(pending, header, cells, path, line - 1)
+                pending = row
+            if pending is not None:
+                if cut:
+                    notes.append(f"{path.name} was cut in the middle of line {line}; that incomplete row is left out")
+                else:
+                    _append_row(pending, header, cells, path, line)
     except StopIteration:
         raise RunError(f"{path} is empty") from None
+    except UnicodeDecodeError as err:
+        raise RunError(f"{path} is not a lightning-energy trace: bytes that are not UTF-8 near line {line + 1} "
+                       f"({err.reason})") from None
+    except csv.Error as err:
+        raise RunError(f"{path} is not a lightning-energy trace: line {line + 1}: {err}") from None
+    return {name: cells[index] for name, index in first.items()}, notes
+
+
+def _append_row(row: list[str], header: list[str], cells: list[list[float]], path: Path, line: int) -> None:
+    if len(row) != len(header):
+        raise RunError(f"{path} is not a lightning-energy trace: line {line} has {len(row)} cells, the header "
+                       f"{len(header)}")
+    try:
+        for column, cell in zip(cells, row):
+            column.append(float(cell) if cell else math.nan)
     except ValueError as err:
-        raise RunError(f"{path} is not a lightning-energy trace: {err}") from None
+        raise RunError(f"{path} is not a lightning-energy trace: line {line}: {err}") from None
+
+
+def _read_one_trace(path: Path, notes: list[str] | None = None
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """(time s, cumulative J per sensor as written, power W per sensor, unix time s) of one trace file;
+    notes appended."""
+    try:
+        columns, found = _read_trace_columns(path)
+    except OSError as err:
+        raise RunError(f"cannot read {path}: {err.strerror or err}") from None
+    if notes is not None:
+        notes.extend(found)
     if "time_s" not in columns or "unix_time_s" not in columns:
         raise RunError(f"{path} is not a lightning-energy trace: no time_s / unix_time_s columns")
-    with open(path, newline="") as fh:
-        header = next(csv.reader(fh))
-    for name in set(header):  # a column named twice (older traces): read_trace interleaves them; keep the first
-        copies = header.count(name)
-        if copies > 1:
-            columns[name] = columns[name][::copies]
     names = [c[: -len(":energy_J")] for c in columns if c.endswith(":energy_J")]
     if not names:
         raise RunError(f"{path} has no <sensor>:energy_J column")
@@ -326,23 +403,35 @@ def _read_events(path: Path) -> list[dict]:
         return []
     events = []
     try:
-        with open(path, newline="") as fh:
+        with open(path, newline="", encoding="utf-8") as fh:
             for row in csv.DictReader(fh):
                 energy = {column[: -len(":energy_J")]: float(value) for column, value in row.items()
                           if column and column.endswith(":energy_J") and value not in ("", None)}
                 events.append({"time_s": float(row["time_s"]), "event": row["event"],
                                "epoch": int(row["epoch"]) if row.get("epoch") else None,
                                **({"energy": energy} if energy else {})})
-    except (KeyError, ValueError, TypeError) as err:
+    except (KeyError, ValueError, TypeError, csv.Error) as err:
         raise RunError(f"{path} is not a lightning-energy events file ({type(err).__name__}: {err})") from None
+    except OSError as err:
+        raise RunError(f"cannot read {path}: {err.strerror or err}") from None
     return events
+
+
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``; a RunError naming the file when it cannot be read or is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RunError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+    except OSError as err:
+        raise RunError(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def _read_json(path: Path):
     """The JSON value in ``path``; a RunError naming the file when it is not valid JSON."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        return json.loads(_read_text(path))
+    except (json.JSONDecodeError, RecursionError) as err:
         raise RunError(f"{path} is not valid JSON ({err})") from None
 
 
@@ -376,8 +465,8 @@ def read_yaml_mapping(path: Path) -> dict:
     TolerantLoader.add_multi_constructor("tag:yaml.org,2002:python/", python_tag)
     TolerantLoader.add_multi_constructor("!", unknown_tag)
     try:
-        loaded = yaml.load(path.read_text(), Loader=TolerantLoader)  # noqa: S506 (a SafeLoader subclass)
-    except (yaml.YAMLError, UnicodeDecodeError):
+        loaded = yaml.load(_read_text(path), Loader=TolerantLoader)  # noqa: S506 (a SafeLoader subclass)
+    except (yaml.YAMLError, RecursionError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
 

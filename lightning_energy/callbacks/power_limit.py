@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_energy import distributed, gpu_control
 from lightning_energy.integration.base import MeteredCallback
@@ -51,6 +52,11 @@ from lightning_energy.power_limit import (
 )
 from lightning_energy.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.sensors.base import Sensor
+
+
+class PowerLimitConfigError(MisconfigurationException, ValueError):
+    """Settings that cannot work on this run (Lightning's configuration error, and a ValueError)."""
+
 
 DRY_RUN_FILE = "power_limit_dry_run.json"
 MILLI = 1000
@@ -372,7 +378,7 @@ class PowerLimitOptimizer(MeteredCallback):
         room = min(batches, between_validations if between_validations else math.inf)
         if math.ceil(room / accumulate) < span:
             per_step = f" of {accumulate} batches" if accumulate > 1 else ""
-            raise ValueError(
+            raise PowerLimitConfigError(
                 f"PowerLimitOptimizer: profiling one limit needs warmup_steps + profile_steps + 1 = {span} training "
                 f"steps{per_step} in a row, but an epoch has {batches} batches (validation every "
                 f"{between_validations}); every window would be interrupted. Lower `warmup_steps`/`profile_steps` "

@@ -60,6 +60,8 @@ def run(args) -> int:
                 print(f"wrote {atomic_write_text(args.csv, text)}")
     except CatalogError as err:
         raise CommandError(str(err)) from None
+    except OSError as err:
+        raise CommandError(f"cannot write {args.csv}: {err.strerror or err}") from None
     return 0
 
 

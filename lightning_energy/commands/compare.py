@@ -42,6 +42,9 @@ def run(args) -> int:
     if not args.rate_hz > 0:
         raise CommandError(f"--rate-hz must be > 0, got {args.rate_hz}")
     runs = load_runs_or_fail(args.run_dirs)
+    for loaded in runs:
+        for note in loaded.notes:
+            print(f"note: run {loaded.name}: {note}")
     try:
         result = compare_runs(runs, args.by, args.rate_hz)
     except (RunError, ValueError) as err:

@@ -36,6 +36,7 @@ def build(run) -> dict:
         "mean_power_W": total / run.duration_s if run.duration_s > 0 else None,
         "edp_Js": run.edp_Js,
         "extrapolated_s": run.extrapolated_s,
+        "notes": list(run.notes),
         "sensors": [{"name": name, "energy_J": joules, "share": joules / total if total else None,
                      "mean_power_W": joules / run.duration_s if run.duration_s > 0 else None}
                     for name, joules in totals.items()],
@@ -48,6 +49,7 @@ def format_report(report: dict) -> str:
     total = tagged(f"{report['total_J']:.2f} J", report["provenance"])
     lines = [f"run {report['run']}: {report['duration_s']:.2f} s, {total}, "
              f"mean {report['mean_power_W'] or float('nan'):.2f} W, EDP {report['edp_Js']:.4g} J*s"]
+    lines += [f"note: {note}" for note in report["notes"]]
     if report["extrapolated_s"] > 0:
         lines.append(f"note: {report['extrapolated_s']:.3f} s of the fit lie outside the samples; "
                      "their energy continues the nearest sample's power")

@@ -21,8 +21,10 @@ def run(args) -> int:
     if not path.exists():
         raise CommandError(f"no {REPORT_FILE} in {args.run_dir} (is it the log dir of a fit with EnergyCallback?)")
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(path.read_text(encoding="utf-8"))
         print(format_report(report))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
+    except UnicodeDecodeError as err:
+        raise CommandError(f"{path} is not a lightning-energy report (not UTF-8 text at byte {err.start})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise CommandError(f"{path} is not a lightning-energy report ({type(err).__name__}: {err})") from None
     return 0

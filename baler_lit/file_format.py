@@ -1,0 +1,298 @@
+"""Reading a ``.baler`` file as untrusted input: every field checked before anything is allocated or used.
+
+A ``.baler`` file is a stored (uncompressed) zip archive of ``header.json`` and one ``arrays/<name>.bin``
+per array (see :mod:`baler_lit.compression` for the layout). Whoever hands us such a file controls every
+byte of it, including the SHA-256 checksum, which anybody can recompute. So the reader trusts nothing:
+
+1. the archive: at most ``MAX_ENTRIES`` entries, no duplicate names, every entry stored (the format never
+   deflates: a compressed entry could expand without bound), unencrypted, and the entries' sizes together
+   at most the file's size;
+2. the header: at most ``MAX_HEADER_BYTES``, then every field's type and range (:func:`check_header`):
+   only the native little-endian numeric dtypes the writer uses (:data:`ARRAY_DTYPES`, never object or
+   structured dtypes), every shape consistent with the entry's stored byte count and with the other fields
+   (``n_rows`` is the latent's row count, the names and dtypes fit the sample shape), so every allocation is
+   bounded by what the archive actually holds;
+3. the arrays: read in order, the checksum updated while streaming, and compared before any array is used.
+
+The checks raise :class:`~baler_lit.errors.BalerInputError` with one line naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import BalerInputError
+
+MAGIC = "baler-lit compressed data"
+FORMAT_VERSION = 1
+HEADER = "header.json"
+
+#: Latent storage dtypes: name → (torch dtype, numpy dtype of the stored bytes).
+LATENT_DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
+    "float64": (torch.float64, np.dtype("<f8")),
+    "float32": (torch.float32, np.dtype("<f4")),
+    "float16": (torch.float16, np.dtype("<f2")),
+    "bfloat16": (torch.bfloat16, np.dtype("<u2")),
+}
+#: The only array dtypes a ``.baler`` file may declare (numpy ``dtype.str``): float latents and weights,
+#: bfloat16 bit patterns (``<u2``) and BatchNorm's step counter (``<i8``). Anything else, an object dtype
+#: ("|O") above all, is refused before an array is allocated.
+ARRAY_DTYPES = frozenset({"<f8", "<f4", "<f2", "<u2", "<i8"})
+#: Column dtypes a restored table may have (numpy names).
+COLUMN_DTYPES = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
+)
+#: Model parameter dtypes (as written in the header's ``model.dtype``).
+MODEL_DTYPES = {"float32": "<f4", "float64": "<f8"}
+#: Fixed arrays besides the decoder's parameters.
+FIXED_ARRAYS = ("latent", "norm_min", "norm_scale", "data_min", "data_max")
+#: Largest ``header.json`` accepted (bytes): the names of ~20,000 columns.
+MAX_HEADER_BYTES = 2**20
+#: Most entries an archive may hold (a dense AE has ~10 decoder arrays, a ConvAE a few more).
+MAX_ENTRIES = 1024
+#: Largest dimension or count accepted in a header (keeps products of shapes in exact integer range).
+MAX_COUNT = 2**40
+#: Bytes read per step when streaming an array.
+READ_CHUNK = 2**20
+
+
+def canonical_header(header: dict[str, Any]) -> bytes:
+    """The header's bytes covered by the checksum (the checksum field left out, keys sorted)."""
+    body = {k: v for k, v in header.items() if k != "checksum_sha256"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def checksum(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 (hex) over the canonical header and every array's name and bytes, arrays in name order."""
+    digest = hashlib.sha256(canonical_header(header))
+    for name in sorted(arrays):
+        digest.update(name.encode())
+        digest.update(memoryview(np.ascontiguousarray(arrays[name])).cast("B"))
+    return digest.hexdigest()
+
+
+def array_entry(name: str) -> str:
+    return f"arrays/{name}.bin"
+
+
+def check_archive(zf: zipfile.ZipFile, path: Path, file_bytes: int) -> None:
+    """Entry count, duplicate names, stored entries only, sizes bounded by the file's size."""
+    infos = zf.infolist()
+    if len(infos) > MAX_ENTRIES:
+        raise BalerInputError(f"{path} has {len(infos)} archive entries (at most {MAX_ENTRIES})")
+    names = [i.filename for i in infos]
+    if len(set(names)) != len(names):
+        raise BalerInputError(f"{path} is corrupted: an archive entry name appears twice")
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            raise BalerInputError(
+                f"{path} is corrupted: entry {info.filename!r} is compressed; the format stores entries uncompressed"
+            )
+        if info.flag_bits & 0x1:
+            raise BalerInputError(f"{path} is corrupted: entry {info.filename!r} is encrypted")
+        total += info.file_size
+    if total > file_bytes:
+        raise BalerInputError(
+            f"{path} is corrupted: its entries declare {total} bytes, more than the file's {file_bytes} bytes"
+        )
+
+
+def read_header(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
+    """The parsed ``header.json`` (size bounded, magic and format version checked)."""
+    try:
+        info = zf.getinfo(HEADER)
+    except KeyError:
+        raise BalerInputError(f"{path} is not a baler-lit compressed file (no {HEADER})") from None
+    if info.file_size > MAX_HEADER_BYTES:
+        raise BalerInputError(f"{path}: {HEADER} is {info.file_size} bytes (at most {MAX_HEADER_BYTES})")
+    try:
+        with zf.open(info) as fh:
+            raw = fh.read(MAX_HEADER_BYTES + 1)
+        header = json.loads(raw.decode("utf-8"))
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, RecursionError) as exc:
+        raise BalerInputError(f"{path} is corrupted: cannot read its header ({_short(exc)})") from None
+    if not isinstance(header, dict) or header.get("magic") != MAGIC:
+        raise BalerInputError(f"{path} is not a baler-lit compressed file (wrong magic)")
+    version = header.get("format_version")
+    if version != FORMAT_VERSION or isinstance(version, bool):
+        from . import __version__
+
+        raise BalerInputError(
+            f"{path} was written in format version {_short(version)}"
+            f" (baler-lit {_short(header.get('library_version'))});"
+            f" this baler-lit {__version__} reads format version {FORMAT_VERSION} only"
+        )
+    return header
+
+
+class _Fields:
+    """Typed access to header fields; every failure names the field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fail(self, field: str, why: str) -> BalerInputError:
+        return BalerInputError(f"{self.path} has an invalid header: {field} {why}")
+
+    def get(self, mapping: Any, key: str, field: str) -> Any:
+        if not isinstance(mapping, dict) or key not in mapping:
+            raise self.fail(field, "is missing")
+        return mapping[key]
+
+    def count(self, value: Any, field: str, minimum: int = 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+            raise self.fail(field, f"must be an integer in [{minimum}, 2^40], got {_short(value)}")
+        return value
+
+    def shape(self, value: Any, field: str, minimum: int = 1, max_dims: int = 4) -> list[int]:
+        if not isinstance(value, list) or not 1 <= len(value) <= max_dims:
+            raise self.fail(field, f"must be a list of 1 to {max_dims} sizes, got {_short(value)}")
+        return [self.count(v, f"{field}[{i}]", minimum) for i, v in enumerate(value)]
+
+    def choice(self, value: Any, field: str, allowed) -> str:
+        if not isinstance(value, str) or value not in allowed:
+            raise self.fail(field, f"must be one of {sorted(allowed)}, got {_short(value)}")
+        return value
+
+    def strings(self, value: Any, field: str, length: int, allowed=None) -> list[str]:
+        if not isinstance(value, list) or len(value) != length:
+            got = len(value) if isinstance(value, list) else _short(value)
+            raise self.fail(field, f"must be a list of {length} strings, got {got}")
+        for i, v in enumerate(value):
+            if allowed is None:
+                if not isinstance(v, str):
+                    raise self.fail(f"{field}[{i}]", f"must be a string, got {_short(v)}")
+            else:
+                self.choice(v, f"{field}[{i}]", allowed)
+        return value
+
+
+def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]) -> None:
+    """Every field the reader uses: types, ranges and consistency with each other and with the archive.
+
+    ``entry_sizes`` maps the archive's entry names to their stored sizes (bytes).
+    """
+    f = _Fields(path)
+    model = f.get(header, "model", "model")
+    f.choice(f.get(model, "name", "model.name"), "model.name", _model_names())
+    input_shape = f.shape(f.get(model, "input_shape", "model.input_shape"), "model.input_shape", max_dims=3)
+    latent_dim = f.count(f.get(model, "latent_dim", "model.latent_dim"), "model.latent_dim")
+    f.choice(f.get(model, "dtype", "model.dtype"), "model.dtype", MODEL_DTYPES)
+    if not isinstance(f.get(model, "kwargs", "model.kwargs"), dict):
+        raise f.fail("model.kwargs", "must be an object")
+    latent_dtype = f.choice(f.get(header, "latent_dtype", "latent_dtype"), "latent_dtype", LATENT_DTYPES)
+    n_rows = f.count(f.get(header, "n_rows", "n_rows"), "n_rows")
+    sample_shape = f.shape(f.get(header, "sample_shape", "sample_shape"), "sample_shape", max_dims=2)
+    if sample_shape != input_shape:
+        raise f.fail("sample_shape", f"{sample_shape} differs from model.input_shape {input_shape}")
+    frames = f.get(header, "frames", "frames")
+    if frames is not (len(sample_shape) == 2):
+        raise f.fail("frames", f"must be {str(len(sample_shape) == 2).lower()} for samples of shape {sample_shape}")
+    n_columns = math.prod(sample_shape)
+    f.strings(f.get(header, "names", "names"), "names", 0 if frames else n_columns)
+    dtypes = f.strings(f.get(header, "dtypes", "dtypes"), "dtypes", 1 if frames else n_columns, COLUMN_DTYPES)
+    itemsizes = np.dtype(dtypes[0]).itemsize * n_columns if frames else sum(np.dtype(d).itemsize for d in dtypes)
+    original = f.get(header, "original_bytes", "original_bytes")
+    if original != n_rows * itemsizes or isinstance(original, bool):
+        raise f.fail("original_bytes", f"must be {n_rows * itemsizes} for {n_rows} rows of {dtypes[:3]}..., got "
+                     f"{_short(original)}")
+    if not isinstance(header.get("checksum_sha256"), str):
+        raise f.fail("checksum_sha256", "is missing")
+
+    arrays = f.get(header, "arrays", "arrays")
+    if not isinstance(arrays, dict):
+        raise f.fail("arrays", "must be an object")
+    expected_entries = {HEADER}
+    for name, spec in arrays.items():
+        field = f"arrays[{name!r}]"
+        if name not in FIXED_ARRAYS and not name.startswith("decoder."):
+            raise f.fail(field, "is not an array of the format")
+        dtype = f.choice(f.get(spec, "dtype", f"{field}.dtype"), f"{field}.dtype", ARRAY_DTYPES)
+        shape = f.shape(f.get(spec, "shape", f"{field}.shape"), f"{field}.shape", minimum=0, max_dims=6)
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        if f.get(spec, "nbytes", f"{field}.nbytes") != nbytes:
+            raise f.fail(f"{field}.nbytes", f"must be {nbytes} for shape {shape} of {dtype}")
+        entry = array_entry(name)
+        if entry_sizes.get(entry) != nbytes:
+            raise BalerInputError(
+                f"{path} is truncated or corrupted: entry {entry} holds {entry_sizes.get(entry, 'no')} bytes,"
+                f" the header says {nbytes}"
+            )
+        expected_entries.add(entry)
+    for name in FIXED_ARRAYS:
+        f.get(arrays, name, f"arrays[{name!r}]")
+    if not any(name.startswith("decoder.") for name in arrays):
+        raise f.fail("arrays", "hold no decoder parameters")
+    extra = sorted(set(entry_sizes) - expected_entries)
+    if extra:
+        raise BalerInputError(f"{path} is corrupted: unexpected archive entry {extra[0]!r}")
+
+    expect = {
+        "latent": (LATENT_DTYPES[latent_dtype][1].str, [[n_rows, latent_dim]]),
+        "norm_min": ("<f8", [[1], sample_shape]),
+        "norm_scale": ("<f8", [[1], sample_shape]),
+        "data_min": ("<f8", [[1] if frames else [n_columns]]),
+        "data_max": ("<f8", [[1] if frames else [n_columns]]),
+    }
+    for name, (dtype, shapes) in expect.items():
+        spec = arrays[name]
+        if spec["dtype"] != dtype or spec["shape"] not in shapes:
+            raise f.fail(f"arrays[{name!r}]", f"must be {dtype} of shape {' or '.join(map(str, shapes))}, got "
+                         f"{spec['dtype']} of shape {spec['shape']}")
+    if arrays["norm_min"]["shape"] != arrays["norm_scale"]["shape"]:
+        raise f.fail("arrays['norm_scale']", "must have the shape of norm_min")
+
+
+def read_arrays(zf: zipfile.ZipFile, header: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
+    """The arrays of a checked header, the checksum verified while streaming (before any array is returned)."""
+    digest = hashlib.sha256(canonical_header(header))
+    arrays: dict[str, np.ndarray] = {}
+    for name in sorted(header["arrays"]):
+        spec = header["arrays"][name]
+        arr = np.empty(spec["shape"], dtype=np.dtype(spec["dtype"]))
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        digest.update(name.encode())
+        with zf.open(array_entry(name)) as fh:
+            filled = 0
+            while filled < arr.nbytes:
+                chunk = fh.read(min(READ_CHUNK, arr.nbytes - filled))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                view[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
+            if filled != arr.nbytes or fh.read(1):
+                raise BalerInputError(f"{path} is truncated or corrupted: array {name!r} has the wrong size")
+        arrays[name] = arr
+    if digest.hexdigest() != header["checksum_sha256"]:
+        raise BalerInputError(f"{path} is corrupted: checksum mismatch")
+    return arrays
+
+
+def check_values(arrays: dict[str, np.ndarray], path: Path) -> None:
+    """The stored ranges are finite and ordered (the normaliser's own check follows when it is built)."""
+    lo, hi = arrays["data_min"], arrays["data_max"]
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (lo > hi).any():
+        raise BalerInputError(f"{path} is corrupted: the stored data range is not finite or min > max")
+
+
+def _model_names() -> list[str]:
+    from .models import MODELS
+
+    return list(MODELS)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters, for error lines that quote hostile input."""
+    text = value if isinstance(value, str) and not isinstance(value, bool) else repr(value)
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
