@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.logger import Logger
 
-from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.report import format_report
 from lightning_energy.trace import read_trace
@@ -297,22 +297,6 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     since_resume_s = second.last_epoch_end_s - second.fit_start_s
     assert report["epochs"][-1]["total_J"] == pytest.approx(state["total_J"] + power_W * since_resume_s, rel=1e-9)
     assert totals[-1] == pytest.approx(report["epochs"][-1]["total_J"], rel=1e-6)
-
-
-class FakeTimeSteps(TinyRegressor):
-    """Training steps of ``step_s`` and validation batches of ``validation_step_s`` fake seconds."""
-
-    def __init__(self, clock, step_s: float, validation_step_s: float) -> None:
-        super().__init__()
-        self.clock, self.step_s, self.validation_step_s = clock, step_s, validation_step_s
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(self.step_s)
-        return super().training_step(batch, batch_idx)
-
-    def validation_step(self, batch, batch_idx):
-        self.clock.advance(self.validation_step_s)
-        return super().validation_step(batch, batch_idx)
 
 
 def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import lightning as L
 import pytest
 
-from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import FakeTimeSteps, RecordingLogger, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.carbon import CarbonCallback
 from lightning_energy.callbacks.catalog import CatalogCallback
@@ -29,22 +29,6 @@ POWER_W = DEVICE_W + HOST_W
 ORDERS = ("energy_first", "energy_last")
 STEP_S = 0.03  # fake seconds per training step
 VALIDATION_STEP_S = 0.02  # fake seconds per validation batch: validation is a window of its own
-
-
-class TimedSteps(TinyRegressor):
-    """Each training step moves the fake clock by STEP_S, each validation batch by VALIDATION_STEP_S."""
-
-    def __init__(self, clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(STEP_S)
-        return super().training_step(batch, batch_idx)
-
-    def validation_step(self, batch, batch_idx):
-        self.clock.advance(VALIDATION_STEP_S)
-        return super().validation_step(batch, batch_idx)
 
 
 def fit_both_orders(tmp_path, monkeypatch, make):
@@ -61,7 +45,7 @@ def fit_both_orders(tmp_path, monkeypatch, make):
         callbacks = [energy, other] if order == "energy_first" else [other, energy]
         trainer = L.Trainer(callbacks=callbacks, logger=logger,
                             **trainer_kwargs(root, max_epochs=2, log_every_n_steps=1))
-        trainer.fit(TimedSteps(clock), tiny_loader(), tiny_loader(n=48))
+        trainer.fit(FakeTimeSteps(clock, STEP_S, VALIDATION_STEP_S), tiny_loader(), tiny_loader(n=48))
         runs[order] = (energy, other, logger)
     assert_the_same_step_series(runs)
     return runs

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import lightning as L
 import pytest
 
-from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
 from lightning_energy.callbacks.eta import EnergyToAccuracy
@@ -47,20 +47,15 @@ class SleepySteps(TinyRegressor):
         return super().training_step(batch, batch_idx)
 
 
-class TimedSteps(TinyRegressor):
-    """Each training step moves the fake clock by STEP_S."""
+def timed_steps(clock) -> FakeTimeSteps:
+    return FakeTimeSteps(clock, STEP_S)
+
+
+class TimedAccuracy(FakeTimeSteps):
+    """Steps of STEP_S fake seconds; ``val/acc`` = 0.2 x (epoch + 1): 0.4 after the second epoch."""
 
     def __init__(self, clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(STEP_S)
-        return super().training_step(batch, batch_idx)
-
-
-class TimedAccuracy(TimedSteps):
-    """``val/acc`` = 0.2 x (epoch + 1): 0.4 after the second epoch."""
+        super().__init__(clock, STEP_S)
 
     def validation_step(self, batch, batch_idx):
         self.log("val/acc", 0.2 * (self.current_epoch + 1))
@@ -80,7 +75,7 @@ class Run:
         return dict(zip(self.logger.steps("time/step_s"), self.logger.values("time/step_s")))
 
 
-def both_orders(tmp_path, monkeypatch, make, model=TimedSteps, steps: int = 20, **overrides) -> dict[str, Run]:
+def both_orders(tmp_path, monkeypatch, make, model=timed_steps, steps: int = 20, **overrides) -> dict[str, Run]:
     """Fit with ``[EnergyCallback, make(clock)]`` and ``[make(clock), EnergyCallback]`` on fake time; check
     that the step series are every step's STEP_S and the same in both orders."""
     runs = {}

@@ -16,7 +16,7 @@ import statistics
 import lightning as L
 import pytest
 
-from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import FakeTimeSteps, RecordingLogger, tiny_loader, trainer_kwargs
 from lightning_energy import (BatchSampleEstimate, CarbonCallback, CatalogCallback, EnergyCallback,
                               EnergyPredictionCheck, FlopsCallback, ForecastCallback, SimulatedSensor)
 from lightning_energy.catalog import CATALOG_FILE, Catalog
@@ -25,18 +25,6 @@ from power_limit_helpers import install_fake_time
 DEVICE_W, HOST_W = 120.0, 30.0
 POWER_W = DEVICE_W + HOST_W
 STEP_S = 0.03  # fake seconds per training step
-
-
-class TimedSteps(TinyRegressor):
-    """Each training step moves the fake clock by STEP_S."""
-
-    def __init__(self, clock) -> None:
-        super().__init__()
-        self.clock = clock
-
-    def training_step(self, batch, batch_idx):
-        self.clock.advance(STEP_S)
-        return super().training_step(batch, batch_idx)
 
 
 def suite(root, clock):
@@ -60,7 +48,7 @@ def test_the_whole_suite_gives_the_same_figures_in_reverse_order(tmp_path, monke
         callbacks = [energy, *others] if order == "forward" else [*reversed(others), energy]
         logger = RecordingLogger(root)
         trainer = L.Trainer(callbacks=callbacks, logger=logger, **trainer_kwargs(root, max_epochs=2, log_every_n_steps=1))
-        trainer.fit(TimedSteps(clock), tiny_loader(), tiny_loader(n=48))
+        trainer.fit(FakeTimeSteps(clock, STEP_S), tiny_loader(), tiny_loader(n=48))
         runs[order] = (energy, {type(c).__name__: c for c in others}, logger)
 
     series = {}
