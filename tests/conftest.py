@@ -121,6 +121,25 @@ class TinyRegressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
 
+class FakeTimeSteps(TinyRegressor):
+    """TinyRegressor on fake time: each training step moves ``clock`` (a ``SamplingClock`` from
+    ``power_limit_helpers.install_fake_time``) by ``step_s`` and each validation batch by
+    ``validation_step_s`` (s), so every window of a fit is an exact number of fake seconds."""
+
+    def __init__(self, clock, step_s: float, validation_step_s: float = 0.0) -> None:
+        super().__init__()
+        self.clock, self.step_s, self.validation_step_s = clock, step_s, validation_step_s
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(self.step_s)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        if self.validation_step_s:
+            self.clock.advance(self.validation_step_s)
+        return super().validation_step(batch, batch_idx)
+
+
 def tiny_loader(n: int = 160, batch_size: int = 16, in_features: int = 16, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, in_features, generator=g)

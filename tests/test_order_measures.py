@@ -2,38 +2,43 @@
 EnergyProfiler read the Trainer's one timeline, so beside an EnergyCallback, in either order of
 ``Trainer(callbacks=[...])``, the step figures are the same and so are theirs.
 
-Real-time fits on simulated constant-power sensors (energy = power x time exactly) with steps that
-sleep 10 ms; figures that both callbacks take from the same windows are compared exactly, durations of
-different runs only through medians or bounds far from any jitter. One fake-time fit
-(``install_fake_time``) compares the two orders exactly.
+Fake time (``install_fake_time``) on simulated constant-power sensors (energy = power x time exactly):
+each training step moves the clock by STEP_S, so the two orders' step series are compared exactly.
+(These fits ran in real time on steps that sleep 30 ms and compared two fits' median step times within
+15 %; on a loaded machine one fit's steps wait for a core longer than the other's and the medians drifted
+apart by more: scheduling, not the callback order.) One real-time fit (accumulated steps) asserts only
+relations between figures of the same windows.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
 import lightning as L
 import pytest
 
-from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
 from lightning_energy.callbacks.eta import EnergyToAccuracy
 from lightning_energy.callbacks.flops import FlopsCallback
 from lightning_energy.callbacks.prediction import EnergyPredictionCheck
 from lightning_energy.callbacks.profiler import EnergyProfiler
+from power_limit_helpers import install_fake_time
 
 DEVICE_W, HOST_W = 120.0, 30.0
 POWER_W = DEVICE_W + HOST_W
-STEP_SLEEP_S = 0.03  # long enough that a busy 2-core machine moves the step medians by a few % only
+STEP_SLEEP_S = 0.03  # real seconds per step of the real-time fit
+STEP_S = 0.03  # fake seconds per training step
 ORDERS = ("energy_first", "callback_first")
-MEDIAN_REL = 0.15  # two runs' median step times: the 30 ms sleep plus a little jitter
 
 
-def sensors():
-    return [SimulatedSensor("device", DEVICE_W), SimulatedSensor("host", HOST_W, scope="host")]
+def sensors(clock=None):
+    if clock is None:
+        return [SimulatedSensor("device", DEVICE_W), SimulatedSensor("host", HOST_W, scope="host")]
+    return [SimulatedSensor("device", DEVICE_W, kind="energy", clock=clock),
+            SimulatedSensor("host", HOST_W, scope="host", kind="energy", clock=clock)]
 
 
 class SleepySteps(TinyRegressor):
@@ -42,8 +47,15 @@ class SleepySteps(TinyRegressor):
         return super().training_step(batch, batch_idx)
 
 
-class SleepyAccuracy(SleepySteps):
-    """``val/acc`` = 0.2 x (epoch + 1): 0.4 after the second epoch."""
+def timed_steps(clock) -> FakeTimeSteps:
+    return FakeTimeSteps(clock, STEP_S)
+
+
+class TimedAccuracy(FakeTimeSteps):
+    """Steps of STEP_S fake seconds; ``val/acc`` = 0.2 x (epoch + 1): 0.4 after the second epoch."""
+
+    def __init__(self, clock) -> None:
+        super().__init__(clock, STEP_S)
 
     def validation_step(self, batch, batch_idx):
         self.log("val/acc", 0.2 * (self.current_epoch + 1))
@@ -63,30 +75,32 @@ class Run:
         return dict(zip(self.logger.steps("time/step_s"), self.logger.values("time/step_s")))
 
 
-def both_orders(tmp_path, make, model=SleepySteps, steps: int = 20, **overrides) -> dict[str, Run]:
-    """Fit with ``[EnergyCallback, make()]`` and ``[make(), EnergyCallback]``; check the step series agree."""
+def both_orders(tmp_path, monkeypatch, make, model=timed_steps, steps: int = 20, **overrides) -> dict[str, Run]:
+    """Fit with ``[EnergyCallback, make(clock)]`` and ``[make(clock), EnergyCallback]`` on fake time; check
+    that the step series are every step's STEP_S and the same in both orders."""
     runs = {}
     for order in ORDERS:
-        energy, callback = EnergyCallback(sensors=sensors(), verbose=False, write_trace=False), make()
+        clock = install_fake_time(monkeypatch.setattr)
+        energy, callback = EnergyCallback(sensors=sensors(clock), verbose=False, write_trace=False), make(clock)
         logger = RecordingLogger(tmp_path / order)
         callbacks = [energy, callback] if order == "energy_first" else [callback, energy]
         trainer = L.Trainer(callbacks=callbacks, logger=logger,
                             **trainer_kwargs(tmp_path / order, log_every_n_steps=1, **overrides))
-        trainer.fit(model(), tiny_loader(), tiny_loader(n=48))
+        trainer.fit(model(clock), tiny_loader(), tiny_loader(n=48))
         runs[order] = Run(trainer, energy, callback, logger)
     for run in runs.values():
         assert list(run.step_J()) == list(run.step_s()) == list(range(steps))  # every step, at its step number
+        assert list(run.step_s().values()) == pytest.approx([STEP_S] * steps, rel=1e-9)  # the step, nothing more
         for joules, seconds in zip(run.step_J().values(), run.step_s().values()):
-            assert seconds >= STEP_SLEEP_S
             assert joules == pytest.approx(POWER_W * seconds, rel=1e-9)
-    first, second = (statistics.median(runs[order].step_s().values()) for order in ORDERS)
-    assert second == pytest.approx(first, rel=MEDIAN_REL)
+    first, second = (runs[order] for order in ORDERS)
+    assert (first.step_s(), first.step_J()) == (second.step_s(), second.step_J())  # to the last bit
     return runs
 
 
 # ---------------------------------------------------------------------- EnergyPredictionCheck
-def test_prediction_check_measures_the_energy_callbacks_steps_in_either_order(tmp_path):
-    runs = both_orders(tmp_path, lambda: EnergyPredictionCheck(0.01))
+def test_prediction_check_measures_the_energy_callbacks_steps_in_either_order(tmp_path, monkeypatch):
+    runs = both_orders(tmp_path, monkeypatch, lambda clock: EnergyPredictionCheck(0.01))
     for run in runs.values():
         result = run.callback.result
         assert result["steps"] == 20 and result["predicted_J"] == pytest.approx(20 * 0.01)
@@ -99,15 +113,15 @@ def test_prediction_check_measures_the_energy_callbacks_steps_in_either_order(tm
 
 
 # ---------------------------------------------------------------------- BatchSampleEstimate
-def test_batch_sample_takes_the_step_figures_in_either_order(tmp_path):
-    runs = both_orders(tmp_path, lambda: BatchSampleEstimate(n_batches=5, skip_batches=2))
+def test_batch_sample_takes_the_step_figures_in_either_order(tmp_path, monkeypatch):
+    runs = both_orders(tmp_path, monkeypatch, lambda clock: BatchSampleEstimate(n_batches=5, skip_batches=2))
     for run in runs.values():
         sample = run.callback
         assert sample.batches == 20 and sample.sampled == 5
         assert sample.batch_J == pytest.approx([run.step_J()[step] for step in range(2, 7)], rel=1e-12)
         assert sample.estimate_J == pytest.approx(20 * sample.batch_J_mean, rel=1e-12)
-    first, second = (statistics.median(runs[order].callback.batch_J) for order in ORDERS)
-    assert second == pytest.approx(first, rel=MEDIAN_REL)
+    first, second = (runs[order].callback for order in ORDERS)
+    assert first.batch_J == second.batch_J == pytest.approx([POWER_W * STEP_S] * 5, rel=1e-9)
 
 
 def test_batch_sample_shares_an_accumulated_step_among_its_batches(tmp_path):
@@ -124,8 +138,8 @@ def test_batch_sample_shares_an_accumulated_step_among_its_batches(tmp_path):
 
 
 # ---------------------------------------------------------------------- FlopsCallback
-def test_flops_epoch_figures_are_the_step_figures_in_either_order(tmp_path):
-    runs = both_orders(tmp_path, lambda: FlopsCallback(peak_flops_per_s=1e9))
+def test_flops_epoch_figures_are_the_step_figures_in_either_order(tmp_path, monkeypatch):
+    runs = both_orders(tmp_path, monkeypatch, lambda clock: FlopsCallback(peak_flops_per_s=1e9))
     for run in runs.values():
         step_J, step_s = run.step_J(), run.step_s()
         first, second = run.callback.epochs
@@ -141,9 +155,9 @@ def test_flops_epoch_figures_are_the_step_figures_in_either_order(tmp_path):
 
 
 # ---------------------------------------------------------------------- EnergyToAccuracy
-def test_energy_to_accuracy_reads_the_fit_start_of_the_timeline_in_either_order(tmp_path):
-    runs = both_orders(tmp_path, lambda: EnergyToAccuracy("val/acc", target=0.35), model=SleepyAccuracy,
-                       steps=30, max_epochs=3)
+def test_energy_to_accuracy_reads_the_fit_start_of_the_timeline_in_either_order(tmp_path, monkeypatch):
+    runs = both_orders(tmp_path, monkeypatch, lambda clock: EnergyToAccuracy("val/acc", target=0.35),
+                       model=TimedAccuracy, steps=30, max_epochs=3)
     for run in runs.values():
         result, epochs = run.callback.result, run.energy.report["epochs"]
         assert result["epochs_to_target"] == 2
@@ -156,7 +170,7 @@ def test_energy_to_accuracy_reads_the_fit_start_of_the_timeline_in_either_order(
 def test_energy_to_accuracy_in_either_order_on_fake_time(tmp_path, monkeypatch):
     """Fake time: every window is exact, so the two orders agree to the last bit."""
     from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
-    from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
+    from power_limit_helpers import ROWS, AccuracyModule
 
     results = {}
     for order in ORDERS:
@@ -178,25 +192,29 @@ def test_energy_to_accuracy_in_either_order_on_fake_time(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- EnergyProfiler
-FLUSH_S = 0.3  # far above any step here: a step holding the flush could not pass for jitter
+FLUSH_S = 0.3  # fake seconds of the trace annotation: 10 steps' worth, no step could hide it
 
 
 class SlowFlush(EnergyProfiler):
-    """The trace annotation takes FLUSH_S more (a big trace on a slow disk)."""
+    """The trace annotation takes FLUSH_S more fake seconds (a big trace on a slow disk)."""
+
+    def __init__(self, clock, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.clock = clock
 
     def _annotate(self, *args, **kwargs):
-        time.sleep(FLUSH_S)
+        self.clock.advance(FLUSH_S)
         return super()._annotate(*args, **kwargs)
 
 
-def test_the_profiler_flush_is_never_inside_a_step_in_either_order(tmp_path):
-    runs = both_orders(tmp_path, lambda: SlowFlush(wait=1, warmup=1, active=3, interval_s=0.002), steps=10,
-                       max_epochs=1)
+def test_the_profiler_flush_is_never_inside_a_step_in_either_order(tmp_path, monkeypatch):
+    # both_orders: every step is STEP_S exactly, so the export after step 4 is in no step's figures
+    runs = both_orders(tmp_path, monkeypatch, lambda clock: SlowFlush(clock, wait=1, warmup=1, active=3,
+                                                                      interval_s=0.002), steps=10, max_epochs=1)
     for run in runs.values():
-        assert max(run.step_s().values()) < FLUSH_S  # the export after step 4 is in no step's figures
         (row,) = run.energy.report["epochs"]
-        assert row["extras_J"]["profiler_flush"] >= POWER_W * FLUSH_S  # it is reported apart
+        assert row["extras_J"]["profiler_flush"] == pytest.approx(POWER_W * FLUSH_S, rel=1e-9)  # reported apart
         (window,) = run.callback.windows
         assert window.step == 5
         assert window.window_J == pytest.approx(POWER_W * window.window_s, rel=1e-9)  # the shared sensors only
-        assert 3 * STEP_SLEEP_S <= window.window_s < FLUSH_S  # the three active steps, without the flush
+        assert window.window_s == pytest.approx(3 * STEP_S, rel=1e-9)  # the three active steps, without the flush

@@ -14,7 +14,6 @@ bounds far from any jitter are asserted.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -171,7 +170,6 @@ def test_with_gradient_accumulation_steps_are_optimizer_steps(tmp_path, monkeypa
 # ---------------------------------------------------------------------- real time
 WATTS = {"32-true": 300.0, "bf16-mixed": 3.0}  # 100x: no step-time jitter can change the choice
 STEP_SLEEP_S, PROBE_SLEEP_S = 0.02, 0.25
-MEDIAN_REL = 0.25  # two runs' median step times: the 20 ms sleep plus jitter (~5 % here, more on a loaded machine)
 
 
 class SleepySteps(TinyRegressor):
@@ -214,6 +212,7 @@ def test_in_real_time_no_step_holds_the_probe_in_either_order(tmp_path):
     assert first.modes.by_step == second.modes.by_step
     assert [(e["from"], e["to"], e["step"]) for e in first.switch.switches] == \
         [(e["from"], e["to"], e["step"]) for e in second.switch.switches] == [("32-true", "bf16-mixed", 3)]
-    for key in ("time/step_s", "energy/step_J"):  # the same steps; values within jitter (J: the same power)
-        medians = [statistics.median(run.series(key).values()) for run in (first, second)]
-        assert medians[1] == pytest.approx(medians[0], rel=MEDIAN_REL), key
+    # Two real-time fits' step times are not compared: on a loaded machine each fit's steps wait for a core
+    # a different while, and their medians drifted 25 % apart in either order. The orders' step series are
+    # compared exactly on fake time above; here each step is bounded (the probe 12x a step) and every joule
+    # is the mode's power times the step's own seconds.
