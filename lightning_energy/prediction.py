@@ -222,11 +222,21 @@ class Fit:
 
 
 def fit_energy(kind: str, macs, energies_J) -> Fit:
-    """Least-squares line through (MACs, J) points; R^2 = 1 - SS_res / SS_tot (1.0 when SS_tot is 0)."""
+    """Least-squares line through (MACs, J) points with both coefficients >= 0; R^2 = 1 - SS_res / SS_tot
+    (1.0 when SS_tot is 0).
+
+    A call's energy is a cost per MAC plus a fixed cost per call, neither of which can be negative: where
+    the free line's intercept (or slope) comes out below zero (noisy points of small layers), the best line
+    with that coefficient at zero is taken instead (non-negative least squares), so no prediction is negative.
+    """
     x, y = np.asarray(macs, float), np.asarray(energies_J, float)
     if len(x) < 2 or len(set(x.tolist())) < 2:
         raise ValueError(f"fitting {kind!r} needs points at two or more MAC counts, got {len(x)} point(s)")
     a, b = np.polyfit(x, y, 1)
+    if b < 0:  # through the origin
+        a, b = max(float((x * y).sum() / (x * x).sum()), 0.0), 0.0
+    if a < 0:  # a flat line at the mean
+        a, b = 0.0, max(float(y.mean()), 0.0)
     residual = float(((y - (a * x + b)) ** 2).sum())
     total = float(((y - y.mean()) ** 2).sum())
     return Fit(kind, float(a), float(b), 1.0 - residual / total if total > 0 else 1.0, len(x))

@@ -69,6 +69,19 @@ def test_fit_recovers_known_coefficients_from_simulated_measurements():
         fit_energy("conv", [10, 10], [1.0, 2.0])
 
 
+def test_fits_never_have_a_negative_cost_per_call_or_per_mac():
+    """Noisy small layers can tilt the free line below zero at small MAC counts (seen: an intercept of
+    -1.2 mJ and a predicted step energy of -652 uJ); each coefficient is a cost and stays >= 0."""
+    macs = [1e6, 2e6, 4e6, 8e6]
+    tilted = [0.5e-3, 1.0e-3, 3.0e-3, 7.0e-3]  # the free line: 0.93 nJ/MAC x MACs - 0.66 mJ
+    through_origin = fit_energy("linear", macs, tilted)
+    assert through_origin.b_J == 0.0
+    assert through_origin.a_J_per_MAC == pytest.approx(sum(m * e for m, e in zip(macs, tilted)) / sum(m * m for m in macs))
+    assert through_origin.predict_J(1e5) > 0
+    falling = fit_energy("linear", macs, [4e-3, 3e-3, 2e-3, 1e-3])  # more MACs, less energy: noise, not physics
+    assert falling.a_J_per_MAC == 0.0 and falling.b_J == pytest.approx(2.5e-3)
+
+
 SMALL_SPECS = (LayerSpec("linear", 8, 4, 4), LayerSpec("linear", 16, 8, 8), LayerSpec("linear", 32, 16, 8),
                LayerSpec("conv", 2, 1, 2, 3, 6), LayerSpec("conv", 2, 2, 4, 3, 8), LayerSpec("conv", 4, 2, 4, 3, 8))
 TRUE_FITS = {"linear": (3e-9, 0.002), "conv": (5e-9, 0.001)}
