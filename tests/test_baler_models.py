@@ -97,7 +97,7 @@ def test_float64_models():
 
 @pytest.mark.parametrize(
     ("name", "shape", "message"),
-    [("AE", (50, 50), "use ConvAE"), ("ConvAE", (24,), "use AE"), ("nope", (24,), "unknown model")],
+    [("AE", (50, 50), "use CFD_dense_AE, ConvAE"), ("ConvAE", (24,), "use AE"), ("nope", (24,), "unknown model")],
 )
 def test_model_shape_errors_name_the_problem(name, shape, message):
     with pytest.raises(BalerInputError, match=message):
