@@ -250,6 +250,30 @@ def run_tool(argv: Sequence[str]) -> int:
     return 0
 
 
+def logger_dir_note(trainer: Any) -> str | None:
+    """A note when an explicit logger's ``save_dir`` differs from ``trainer.default_root_dir`` (else ``None``).
+
+    Without an explicit logger Lightning's default TensorBoard logger writes below ``default_root_dir`` (as the
+    shipped configs do), so ``--trainer.default_root_dir`` moves logs, checkpoints and reports together. A
+    logger with its own ``save_dir`` keeps writing there: say so instead of silently splitting the run.
+    """
+    if trainer is None:
+        return None
+    root = trainer.get("default_root_dir")
+    loggers = trainer.get("logger")
+    if root is None or loggers is None or isinstance(loggers, bool):
+        return None
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init = logger.get("init_args") if hasattr(logger, "get") else None
+        save_dir = init.get("save_dir") if init is not None and hasattr(init, "get") else None
+        if save_dir is not None and Path(str(save_dir)).resolve() != Path(str(root)).resolve():
+            return (
+                f"the logger writes to {save_dir}, not below trainer.default_root_dir {root};"
+                " set --trainer.logger.init_args.save_dir too, or drop the logger to use the default one"
+            )
+    return None
+
+
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
 
@@ -263,6 +287,12 @@ def run_lightning(argv: Sequence[str] | None) -> int:
     class BalerCLI(LightningCLI):
         def add_arguments_to_parser(self, parser) -> None:
             parser.link_arguments("data.input_shape", "model.input_shape", apply_on="instantiate")
+
+        def before_instantiate_classes(self) -> None:
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            note = logger_dir_note(config.get("trainer"))
+            if note:
+                print(f"baler-lit: note: {note}", file=sys.stderr)
 
     try:
         BalerCLI(

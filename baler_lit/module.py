@@ -31,6 +31,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from .errors import BalerInputError
 from .losses import BalerLoss
@@ -265,7 +266,8 @@ class BalerCheckpoint(ModelCheckpoint):
 
     Args:
         monitor: ``"auto"`` (default) follows the module's :meth:`BalerModule.monitored_metric`: ``val/loss``
-            with a validation split, ``train/loss`` without; any other value is used as is.
+            with a validation split, ``train/loss`` without (for another LightningModule: ``val/loss`` if it
+            has a ``validation_step``); any other value is used as is.
         write_interval_s: with ``save_top_k=1`` on one process, a new best is copied into preallocated
             in-memory buffers (one ``_foreach_copy_`` of the weights, about 0.1 ms per MB) and the file is
             written when at least this many seconds have passed since the last write, and always at the end of
@@ -292,7 +294,10 @@ class BalerCheckpoint(ModelCheckpoint):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.monitor == "auto":
             monitored = getattr(pl_module, "monitored_metric", None)
-            self.monitor = monitored() if callable(monitored) else "val/loss"
+            if callable(monitored):
+                self.monitor = monitored()
+            else:  # another LightningModule: val/loss if it validates at all
+                self.monitor = "val/loss" if is_overridden("validation_step", pl_module) else "train/loss"
         super().setup(trainer, pl_module, stage)
         self._last_write = time.monotonic()
 
