@@ -268,3 +268,20 @@ def test_diagnose_writes_per_layer_activation_statistics(trained_with_dtypes, tm
     assert layers[0]["inactive_fraction"] == pytest.approx(float((first_hidden <= 0).double().mean()), abs=1e-9)
     assert (out / "diagnostics.png").stat().st_size > 10_000
     assert any(p.name.startswith("events.out.tfevents") for p in tb.iterdir())
+
+
+@pytest.mark.parametrize(("name", "shape"), [("CFD_dense_AE", (12, 10)), ("PJ_Conv_AE", (12, 10)), ("TransformerAE", (6,))])
+def test_new_models_round_trip_through_a_baler_file(name, shape, tmp_path):
+    from baler_lit.compression import compress, decompress
+    from baler_lit.models import build_model
+    from baler_lit.normalization import MinMaxNormalizer
+
+    torch.manual_seed(0)
+    data = np.random.default_rng(0).random((20, *shape))
+    model = build_model(name, shape, compression_ratio=2.0).eval()
+    norm = MinMaxNormalizer.fit(data, per_column=len(shape) == 1)
+    compress(model, norm, Table(data), tmp_path / "x.baler")
+    restored = decompress(tmp_path / "x.baler")  # the decoder is rebuilt from the file alone
+    with torch.no_grad():
+        direct = model(torch.from_numpy(norm.transform(data, np.float32))).double().numpy()
+    np.testing.assert_allclose(restored.data, norm.inverse(direct), rtol=1e-3, atol=1e-3)
