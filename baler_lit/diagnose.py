@@ -139,8 +139,7 @@ def _figure(layers: list[dict[str, Any]], source: str):
         grid[i, : row["nodes"]] = row["node_means"]
     fig, (ax_map, ax_stats) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [1.3, 1]})
     limit = np.nanmax(np.abs(grid)) or 1.0
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("0.85")  # no such node in this layer (grey, unlike an activation of 0)
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")  # no such node in this layer: grey, unlike 0
     image = ax_map.imshow(
         grid.T, aspect="auto", origin="lower", interpolation="nearest", cmap=cmap,
         norm=mcolors.TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit),
