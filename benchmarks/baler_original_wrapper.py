@@ -11,8 +11,8 @@ One compatibility shim, nothing else: torch 2.13's ``ReduceLROnPlateau`` no long
 Baler passes (its LR scheduler raises otherwise); the wrapper drops that one argument.
 
 Per-epoch times come from a hook on ``baler.modules.training.fit`` (the function Baler calls once per epoch):
-the wrapper records the wall time between consecutive calls and the loss each returns, without changing
-what it computes.
+the wrapper records the wall time between consecutive calls, the thread CPU time of each call and the loss
+each returns, without changing what it computes.
 
 Usage (normally through baler_speed.py)::
 
@@ -103,11 +103,14 @@ def main() -> int:
     t_import = time.perf_counter()
 
     epoch_ends: list[float] = []
+    epoch_cpu: list[float] = []
     losses: list[float] = []
     original_fit = training.fit
 
     def timed_fit(*a, **kw):
+        cpu = time.thread_time()
         result = original_fit(*a, **kw)
+        epoch_cpu.append(time.thread_time() - cpu)
         epoch_ends.append(time.perf_counter())
         losses.append(float(result[0]))
         return result
@@ -126,6 +129,7 @@ def main() -> int:
             result["train_s"] = time.perf_counter() - t
             result["epoch_end_s"] = [e - t for e in epoch_ends]
             result["losses"] = losses
+            result["epoch_cpu_s"] = epoch_cpu
         if "compress" in phases:
             t = time.perf_counter()
             baler.perform_compression(str(output), config, verbose=False)
