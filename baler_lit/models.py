@@ -219,7 +219,20 @@ def _transposed_padding(size_in: tuple[int, int], size_out: tuple[int, int], str
     return tuple(o - ((i - 1) * stride - 2 * padding + kernel) for i, o in zip(size_in, size_out))
 
 
-class ConvAE(BalerAutoencoder):
+class _FrameAE(BalerAutoencoder):
+    """Convolutional models: ``(H, W)`` frames get a channel axis on the way in and lose it on the way out."""
+
+    _add_channel = False
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.unsqueeze(1) if self._add_channel else x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        out = self.decoder(z)
+        return out.squeeze(1) if self._add_channel else out
+
+
+class ConvAE(_FrameAE):
     """Convolutional autoencoder for 2-D frames ``(H, W)`` or ``(C, H, W)``.
 
     Encoder: ``len(channels)`` stride-2 3×3 convolutions with LeakyReLU, flatten, Linear → z. Decoder: Linear →
@@ -271,13 +284,6 @@ class ConvAE(BalerAutoencoder):
         self.decoder = nn.Sequential(*dec)
         self.flat_size = flat
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x.unsqueeze(1) if self._add_channel else x)
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        out = self.decoder(z)
-        return out.squeeze(1) if self._add_channel else out
-
 
 #: ``PJ_Conv_AE``'s sizes (the original's): channels of its two convolutions, kernel, stride, padding, the dense
 #: bottleneck width and the LeakyReLU slope.
@@ -292,7 +298,7 @@ def _pj_out(size: int) -> int:
     return (size + 2 * PJ_PADDING - PJ_KERNEL) // PJ_STRIDE + 1
 
 
-class PJ_Conv_AE(BalerAutoencoder):  # noqa: N801 - Baler's class name
+class PJ_Conv_AE(_FrameAE):  # noqa: N801 - Baler's class name
     """Baler's ``PJ_Conv_AE`` sized from the frame shape.
 
     Encoder: Conv(C→20, 5×5, stride 2) → LeakyReLU(0.2) → Conv(20→50, 5×5, stride 2) → flatten → Linear(→500) →
@@ -329,13 +335,6 @@ class PJ_Conv_AE(BalerAutoencoder):  # noqa: N801 - Baler's class name
             nn.LeakyReLU(PJ_SLOPE),
         )
         self.flat_size = flat
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x.unsqueeze(1) if self._add_channel else x)
-
-    def decode(self, z: torch.Tensor) -> torch.Tensor:
-        out = self.decoder(z)
-        return out.squeeze(1) if self._add_channel else out
 
 
 class _TokenEncoder(nn.Module):
