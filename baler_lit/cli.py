@@ -7,6 +7,11 @@
     baler-lit compress   --ckpt best.ckpt --input data.npz --output data.baler [--latent-dtype float32]
     baler-lit decompress --input data.baler --output restored.npz
     baler-lit evaluate   --original data.npz --restored restored.npz --out report/ [--compressed data.baler]
+    baler-lit diagnose   --ckpt best.ckpt --input data.npz --out diagnose/ [--tensorboard DIR]
+
+``compress``, ``decompress``, ``evaluate`` and ``diagnose`` never import Lightning: a checkpoint is read with
+``torch.load(weights_only=True)`` and the model is rebuilt from its hyper-parameters
+(:func:`load_checkpoint`), so these commands start in about the time torch takes to import.
 
 Bad input gives one ``baler-lit: error: ...`` line on stderr, exit code 2 and no output file; an existing
 output is replaced only with ``--overwrite``. Nothing is printed to stdout on import, so
@@ -18,12 +23,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import BalerInputError
 
-TOOLS = ("compress", "decompress", "evaluate")
+if TYPE_CHECKING:
+    from .models import BalerAutoencoder
+    from .normalization import MinMaxNormalizer
+
+TOOLS = ("compress", "decompress", "evaluate", "diagnose")
 EXIT_BAD_INPUT = 2
 
 
@@ -73,26 +83,81 @@ def _tool_parser() -> argparse.ArgumentParser:
     e.add_argument("--tensorboard", default=None, help="also write the figures and scalars to this TensorBoard dir")
     e.add_argument("--overwrite", action="store_true", help="write into an existing report folder")
     _add_root_options(e, "original data")
+
+    g = sub.add_parser("diagnose", help="per-layer activation statistics of a trained model (Baler's diagnose)")
+    g.add_argument("--ckpt", required=True, help="Lightning checkpoint of a BalerModule")
+    g.add_argument("--input", required=True, help="data to run through the model (.npz or .root)")
+    g.add_argument("--out", required=True, help="folder for diagnostics.png and activations.npz")
+    g.add_argument("--tensorboard", default=None, help="also write histograms and the figure to this TensorBoard dir")
+    g.add_argument("--max-rows", type=int, default=100_000, help="rows (samples) of the input to use, from the start")
+    g.add_argument("--overwrite", action="store_true", help="write into an existing folder")
+    _add_root_options(g, "data")
     return parser
 
 
-def load_checkpoint(path: str | Path):
-    """Load a BalerModule checkpoint on the CPU with ``weights_only=True`` (no arbitrary unpickling)."""
-    from .module import BalerModule
+@dataclass
+class TrainedModel:
+    """What a BalerModule checkpoint holds for the file tools: the model (eval mode, CPU) and its data description."""
+
+    model: BalerAutoencoder
+    normalizer: MinMaxNormalizer
+    column_names: list[str]
+    column_dtypes: list[str]
+    hparams: dict[str, Any] = field(default_factory=dict)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def load_checkpoint(path: str | Path) -> TrainedModel:
+    """Read a BalerModule checkpoint on the CPU without Lightning.
+
+    ``torch.load(weights_only=True)`` (no arbitrary unpickling), the model rebuilt by
+    :func:`~baler_lit.models.build_model` from the stored hyper-parameters, the weights loaded strictly, and the
+    normaliser, column names and training dtypes taken from the checkpoint's ``baler`` section.
+    """
+    import numpy as np
+    import torch
+
+    from .models import DEFAULT_COMPRESSION_RATIO, build_model
+    from .normalization import MinMaxNormalizer
 
     p = Path(path)
     if not p.is_file():
         raise BalerInputError(f"checkpoint {p} does not exist")
     try:
-        module = BalerModule.load_from_checkpoint(p, map_location="cpu", weights_only=True)
-    except BalerInputError:
-        raise
-    except Exception as exc:  # torch/Lightning raise many types for damaged or foreign files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BalerInputError(f"cannot load checkpoint {p}: {first}") from None
-    if module.normalizer is None:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for damaged or foreign files
+        raise BalerInputError(f"cannot load checkpoint {p}: {_first_line(exc)}") from None
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
+        raise BalerInputError(f"cannot load checkpoint {p}: not a Lightning checkpoint (no state_dict)")
+    hp = ckpt.get("hyper_parameters")
+    if not isinstance(hp, dict) or "input_shape" not in hp:
+        raise BalerInputError(f"cannot load checkpoint {p}: no BalerModule hyper-parameters")
+    info = ckpt.get("baler")
+    if not isinstance(info, dict):
         raise BalerInputError(f"checkpoint {p} holds no normalisation (train it with BalerDataModule)")
-    return module.eval()
+    try:
+        model = build_model(
+            hp.get("model", "AE"),
+            hp["input_shape"],
+            hp.get("latent_dim"),
+            hp.get("compression_ratio", DEFAULT_COMPRESSION_RATIO),
+            hp.get("dtype", "float32"),
+            hp.get("model_kwargs"),
+        )
+        state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        model.load_state_dict(state, strict=True)
+        arrays = {k: np.asarray(info[k], dtype=np.float64) for k in ("norm_min", "norm_scale")}
+        normalizer = MinMaxNormalizer.from_arrays(arrays)
+        names, dtypes = [str(n) for n in info["names"]], [str(d) for d in info["dtypes"]]
+    except BalerInputError as exc:
+        raise BalerInputError(f"cannot load checkpoint {p}: {exc}") from None
+    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise BalerInputError(f"cannot load checkpoint {p}: {_first_line(exc)}") from None
+    return TrainedModel(model.eval(), normalizer, names, dtypes, dict(hp))
 
 
 def _auto_names(names: Sequence[str]) -> bool:
@@ -101,16 +166,11 @@ def _auto_names(names: Sequence[str]) -> bool:
 
 def _compress(args: argparse.Namespace) -> str:
     from .compression import compress
-    from .sources import load_table
     from .table import check_output
 
     check_output(args.output, args.overwrite)
     module = load_checkpoint(args.ckpt)
-    branches = args.root_branches
-    if branches is None and args.root_prefix is None and Path(args.input).suffix.lower() == ".root":
-        if module.column_names and not _auto_names(module.column_names):
-            branches = module.column_names  # the training columns, in training order
-    table = load_table(args.input, args.npz_key, args.root_tree, branches, args.root_prefix)
+    table = _load_for_model(module, args)
     names = module.column_names
     if (
         names and not table.is_frames and not _auto_names(names) and not _auto_names(table.names)
@@ -121,6 +181,7 @@ def _compress(args: argparse.Namespace) -> str:
             f"column mismatch: {args.input} has {table.n_columns} columns, the checkpoint {len(names)};"
             f" first difference at column {diff}"
         )
+    _adopt_training_dtypes(table, module.column_dtypes)
     result = compress(
         module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
         strict=args.strict,
@@ -134,6 +195,36 @@ def _compress(args: argparse.Namespace) -> str:
         f"round-trip error measured on {result.roundtrip_rows} of the rows just compressed: mean normalised RMS"
         f" {result.roundtrip_mean_norm_rms:.4g}, worst column {result.roundtrip_max_norm_rms:.4g}"
     )
+
+
+def _load_for_model(module: TrainedModel, args: argparse.Namespace):
+    """Read ``args.input``; a ROOT file without a branch choice gives the training columns in training order."""
+    from .sources import load_table
+
+    branches = args.root_branches
+    if branches is None and args.root_prefix is None and Path(args.input).suffix.lower() == ".root":
+        if module.column_names and not _auto_names(module.column_names):
+            branches = module.column_names
+    return load_table(args.input, args.npz_key, args.root_tree, branches, args.root_prefix)
+
+
+def _adopt_training_dtypes(table, training_dtypes: Sequence[str]) -> None:
+    """Describe the columns with the checkpoint's training dtypes when the input file states none.
+
+    A plain Baler ``.npz`` (``data`` + ``names``) carries no dtypes; the training file's (stored in the
+    checkpoint) then say which columns are integers and how many bytes the original takes, so the same data
+    prints the same ratio whether or not its file carries dtype metadata. Dtypes the input file states win.
+    """
+    if table.dtypes_inferred and len(training_dtypes) == len(table.dtypes):
+        table.dtypes = list(training_dtypes)
+
+
+def _diagnose(args: argparse.Namespace) -> str:
+    from .diagnose import diagnose
+
+    module = load_checkpoint(args.ckpt)
+    table = _load_for_model(module, args)
+    return diagnose(module.model, module.normalizer, table, args.out, args.tensorboard, args.max_rows, args.overwrite)
 
 
 def _decompress(args: argparse.Namespace) -> str:
@@ -156,9 +247,11 @@ def _evaluate(args: argparse.Namespace) -> str:
 
 
 def run_tool(argv: Sequence[str]) -> int:
-    """Run ``compress``, ``decompress`` or ``evaluate``; return the exit code."""
+    """Run ``compress``, ``decompress``, ``evaluate`` or ``diagnose``; return the exit code."""
     args = _tool_parser().parse_args(list(argv))
-    action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate}[args.command]
+    action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose}[
+        args.command
+    ]
     try:
         message = action(args)
     except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for
@@ -187,6 +280,29 @@ def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if not isinstance(exc, OSError) or not text else f"{text} ({type(exc).__name__})"
 
+def logger_dir_note(trainer: Any) -> str | None:
+    """A note when an explicit logger's ``save_dir`` differs from ``trainer.default_root_dir`` (else ``None``).
+
+    Without an explicit logger Lightning's default TensorBoard logger writes below ``default_root_dir`` (as the
+    shipped configs do), so ``--trainer.default_root_dir`` moves logs, checkpoints and reports together. A
+    logger with its own ``save_dir`` keeps writing there: say so instead of silently splitting the run.
+    """
+    if trainer is None:
+        return None
+    root = trainer.get("default_root_dir")
+    loggers = trainer.get("logger")
+    if root is None or loggers is None or isinstance(loggers, bool):
+        return None
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init = logger.get("init_args") if hasattr(logger, "get") else None
+        save_dir = init.get("save_dir") if init is not None and hasattr(init, "get") else None
+        if save_dir is not None and Path(str(save_dir)).resolve() != Path(str(root)).resolve():
+            return (
+                f"the logger writes to {save_dir}, not below trainer.default_root_dir {root};"
+                " set --trainer.logger.init_args.save_dir too, or drop the logger to use the default one"
+            )
+    return None
+
 
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
@@ -210,6 +326,12 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             if isinstance(callbacks, list):
                 config["trainer.callbacks"] = _keep_one_energy_callback(callbacks)
             return super().instantiate_trainer(**kwargs)
+
+        def before_instantiate_classes(self) -> None:
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            note = logger_dir_note(config.get("trainer"))
+            if note:
+                print(f"baler-lit: note: {note}", file=sys.stderr)
 
     try:
         BalerCLI(

@@ -95,6 +95,9 @@ class BalerDataModule(L.LightningDataModule):
         per_column: per-column min-max (default for tables); ``None`` means per column for tables and one
             global range for frames.
         eval_batch_size: batch size for validation/test/predict (defaults to ``batch_size``).
+        type_list: Baler's ``type_list``: one numpy dtype name per column (``"int"``, ``"float64"``, ...) that
+            overrides the dtypes read from the file; integer columns are restored rounded. Stored in the
+            checkpoint, so ``baler-lit compress`` uses them for files that carry no dtypes.
 
     ``test`` and ``predict`` run over the whole table in file order (the rows a compression covers).
     """
@@ -113,6 +116,7 @@ class BalerDataModule(L.LightningDataModule):
         root_prefix: str | None = None,
         per_column: bool | None = None,
         eval_batch_size: int | None = None,
+        type_list: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -131,6 +135,7 @@ class BalerDataModule(L.LightningDataModule):
         self.root_branches = list(root_branches) if root_branches else None
         self.root_prefix = root_prefix
         self.per_column = per_column
+        self.type_list = [str(t) for t in type_list] if type_list else None
         self._table: Table | None = None
         self._normalizer: MinMaxNormalizer | None = None
         self._tensors: dict[str, torch.Tensor] = {}
@@ -146,6 +151,9 @@ class BalerDataModule(L.LightningDataModule):
                 self._table = load_table(
                     self.path, self.npz_key, self.root_tree, self.root_branches, self.root_prefix
                 )
+            if self.type_list is not None:
+                self._table.set_dtypes(self.type_list)
+                self._table.dtypes_inferred = False
         return self._table
 
     @property

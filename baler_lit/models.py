@@ -1,16 +1,25 @@
 """Baler's autoencoders, with every layer size derived from the data shape.
 
-Three models share one interface (:class:`BalerAutoencoder`): ``encoder`` and ``decoder`` sub-modules,
+Every model shares one interface (:class:`BalerAutoencoder`): ``encoder`` and ``decoder`` sub-modules,
 ``encode(x) -> z``, ``decode(z) -> x_hat`` and ``forward(x) -> x_hat``. Inputs are min-max normalised
 values (dimensionless, nominally in [0, 1]); ``z`` has ``latent_dim`` features per sample.
 
 - :class:`AE`: Baler's ``AE`` — encoder n→200→100→50→z, decoder z→50→100→200→n, LeakyReLU (slope 0.01)
-  between layers, no activation on ``z`` or on the output.
+  between layers, no activation on ``z`` or on the output. Tables only.
+- :class:`CFD_dense_AE`: Baler's ``CFD_dense_AE`` — the same dense stack on 2-D frames: frames in, frames out
+  (each frame is flattened inside the model, n = H·W), so a user never flattens by hand.
 - :class:`AE_Dropout_BN`: Baler's ``AE_Dropout_BN`` — same sizes, dropout 0.5/0.4/0.3/0.2 in the encoder,
   BatchNorm in the decoder, ReLU on the output (as in the original).
 - :class:`ConvAE`: a convolutional autoencoder for 2-D frames (for example Baler's 50×50 CFD frames).
   Unlike the original conv AEs, which hard-code a flattened size, the flattened size and the transposed
   convolutions' output padding are computed from the frame shape, so any H×W works.
+- :class:`PJ_Conv_AE`: Baler's ``PJ_Conv_AE`` (two 5×5 stride-2 convolutions, a 500-unit dense bottleneck, two
+  transposed convolutions), with the flattened size and output paddings computed from the frame shape (the
+  original hard-codes 28×28 frames).
+- :class:`TransformerAE`: a transformer autoencoder in the spirit of Baler's ``TransformerAE`` (whose constructor
+  does not accept Baler's ``n_features``/``z_dim`` arguments, and which attends across the rows of a batch, so a
+  row's code would depend on its neighbours). Here each sample is a sequence of tokens — one per column of a
+  table row, one per row of a frame — so a code depends on its own sample only.
 
 :func:`build_model` creates a model by name from JSON-friendly arguments, so a compressed file can rebuild
 its decoder without unpickling anything.
@@ -96,10 +105,11 @@ class BalerAutoencoder(nn.Module):
 
 
 def _require_table(name: str, input_shape: Sequence[int]) -> int:
+    """``n_columns`` of table rows; frames are refused with a pointer to the models that take them."""
     if len(input_shape) != 1:
         raise BalerInputError(
             f"model {name} needs table rows (input_shape = (n_columns,)), got input_shape {tuple(input_shape)};"
-            " use ConvAE for 2-D frames"
+            " use CFD_dense_AE, ConvAE or PJ_Conv_AE for 2-D frames"
         )
     return int(input_shape[0])
 
@@ -125,10 +135,30 @@ class AE(BalerAutoencoder):
         negative_slope: float = LEAKY_SLOPE,
     ) -> None:
         super().__init__(input_shape, latent_dim)
-        n = _require_table("AE", self.input_shape)
+        n = self._n_inputs()
         hidden = [int(h) for h in hidden]
         self.encoder = _dense_stack([n, *hidden, self.latent_dim], negative_slope)
         self.decoder = _dense_stack([self.latent_dim, *reversed(hidden), n], negative_slope)
+
+    def _n_inputs(self) -> int:
+        return _require_table(type(self).__name__, self.input_shape)
+
+
+class CFD_dense_AE(AE):  # noqa: N801 - Baler's class name
+    """Baler's ``CFD_dense_AE``: :class:`AE`'s dense stack on frames ``(H, W)`` (or any sample shape).
+
+    ``encode`` flattens each sample to ``n = prod(input_shape)`` values, ``decode`` restores the sample shape,
+    so the model takes and returns frames. The layer sizes are the original's (n→200→100→50→z and back).
+    """
+
+    def _n_inputs(self) -> int:
+        return self.n_features
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.flatten(1))
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder(z).unflatten(1, self.input_shape)
 
 
 class AE_Dropout_BN(BalerAutoencoder):  # noqa: N801 - Baler's class name
@@ -172,7 +202,37 @@ def _conv_out(size: int) -> int:
     return (size - 1) // 2 + 1
 
 
-class ConvAE(BalerAutoencoder):
+def _frame_layout(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int, bool]:
+    """``(channels, H, W, add_channel)`` of frames ``(H, W)`` or ``(C, H, W)``; tables are refused."""
+    if len(input_shape) == 2:
+        return 1, input_shape[0], input_shape[1], True
+    if len(input_shape) == 3:
+        return input_shape[0], input_shape[1], input_shape[2], False
+    raise BalerInputError(
+        f"{name} needs frames (input_shape (H, W) or (C, H, W)), got input_shape {input_shape};"
+        " use AE or TransformerAE for table rows"
+    )
+
+
+def _transposed_padding(size_in: tuple[int, int], size_out: tuple[int, int], stride: int, kernel: int, padding: int):
+    """``output_padding`` that makes a transposed convolution map ``size_in`` exactly to ``size_out``."""
+    return tuple(o - ((i - 1) * stride - 2 * padding + kernel) for i, o in zip(size_in, size_out))
+
+
+class _FrameAE(BalerAutoencoder):
+    """Convolutional models: ``(H, W)`` frames get a channel axis on the way in and lose it on the way out."""
+
+    _add_channel = False
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.unsqueeze(1) if self._add_channel else x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        out = self.decoder(z)
+        return out.squeeze(1) if self._add_channel else out
+
+
+class ConvAE(_FrameAE):
     """Convolutional autoencoder for 2-D frames ``(H, W)`` or ``(C, H, W)``.
 
     Encoder: ``len(channels)`` stride-2 3×3 convolutions with LeakyReLU, flatten, Linear → z. Decoder: Linear →
@@ -189,17 +249,7 @@ class ConvAE(BalerAutoencoder):
         negative_slope: float = LEAKY_SLOPE,
     ) -> None:
         super().__init__(input_shape, latent_dim)
-        if len(self.input_shape) == 2:
-            in_ch, height, width = 1, *self.input_shape
-            self._add_channel = True
-        elif len(self.input_shape) == 3:
-            in_ch, height, width = self.input_shape
-            self._add_channel = False
-        else:
-            raise BalerInputError(
-                f"ConvAE needs frames (input_shape (H, W) or (C, H, W)), got input_shape {self.input_shape};"
-                " use AE for table rows"
-            )
+        in_ch, height, width, self._add_channel = _frame_layout("ConvAE", self.input_shape)
         channels = [int(c) for c in channels]
         if not channels or any(c < 1 for c in channels):
             raise BalerInputError(f"ConvAE channels must be positive, got {channels}")
@@ -234,15 +284,155 @@ class ConvAE(BalerAutoencoder):
         self.decoder = nn.Sequential(*dec)
         self.flat_size = flat
 
+
+#: ``PJ_Conv_AE``'s sizes (the original's): channels of its two convolutions, kernel, stride, padding, the dense
+#: bottleneck width and the LeakyReLU slope.
+PJ_CHANNELS = (20, 50)
+PJ_KERNEL, PJ_STRIDE, PJ_PADDING = 5, 2, 2
+PJ_HIDDEN = 500
+PJ_SLOPE = 0.2
+
+
+def _pj_out(size: int) -> int:
+    """Output length of PJ_Conv_AE's kernel-5, stride-2, padding-2 convolution."""
+    return (size + 2 * PJ_PADDING - PJ_KERNEL) // PJ_STRIDE + 1
+
+
+class PJ_Conv_AE(_FrameAE):  # noqa: N801 - Baler's class name
+    """Baler's ``PJ_Conv_AE`` sized from the frame shape.
+
+    Encoder: Conv(C→20, 5×5, stride 2) → LeakyReLU(0.2) → Conv(20→50, 5×5, stride 2) → flatten → Linear(→500) →
+    Linear(500→z). Decoder: Linear(z→500) → LeakyReLU(0.2) → Linear(500→flat) → unflatten → ConvT(50→20) →
+    ConvT(20→C) → LeakyReLU(0.2), as the original. The flattened size (50·h·w) and the transposed convolutions'
+    output padding follow from H×W (28×28 → 7×7 as in the original; 50×50 → 13×13).
+    """
+
+    def __init__(self, input_shape: Sequence[int], latent_dim: int, hidden: int = PJ_HIDDEN) -> None:
+        super().__init__(input_shape, latent_dim)
+        in_ch, height, width, self._add_channel = _frame_layout("PJ_Conv_AE", self.input_shape)
+        c1, c2 = PJ_CHANNELS
+        sizes = [(height, width)]
+        for _ in range(2):
+            sizes.append((_pj_out(sizes[-1][0]), _pj_out(sizes[-1][1])))
+        flat = c2 * sizes[-1][0] * sizes[-1][1]
+        conv = {"kernel_size": PJ_KERNEL, "stride": PJ_STRIDE, "padding": PJ_PADDING}
+        self.encoder = nn.Sequential(
+            nn.Conv2d(in_ch, c1, **conv),
+            nn.LeakyReLU(PJ_SLOPE),
+            nn.Conv2d(c1, c2, **conv),
+            nn.Flatten(1),
+            nn.Linear(flat, int(hidden)),
+            nn.Linear(int(hidden), self.latent_dim),
+        )
+        pad = [_transposed_padding(sizes[i + 1], sizes[i], PJ_STRIDE, PJ_KERNEL, PJ_PADDING) for i in range(2)]
+        self.decoder = nn.Sequential(
+            nn.Linear(self.latent_dim, int(hidden)),
+            nn.LeakyReLU(PJ_SLOPE),
+            nn.Linear(int(hidden), flat),
+            nn.Unflatten(1, (c2, *sizes[-1])),
+            nn.ConvTranspose2d(c2, c1, output_padding=pad[1], **conv),
+            nn.ConvTranspose2d(c1, in_ch, output_padding=pad[0], **conv),
+            nn.LeakyReLU(PJ_SLOPE),
+        )
+        self.flat_size = flat
+
+
+class _TokenEncoder(nn.Module):
+    """Pre-norm transformer encoder layers over ``(batch, tokens, d_model)`` (no nested-tensor fast path)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_layers: int, feedforward: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d_model, n_heads, feedforward, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+            )
+            for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class _TransformerEncoderPart(nn.Module):
+    def __init__(self, n_tokens: int, token_size: int, latent_dim: int, d_model: int, blocks: _TokenEncoder) -> None:
+        super().__init__()
+        self.embed = nn.Linear(token_size, d_model)
+        self.position = nn.Parameter(torch.zeros(n_tokens, d_model))
+        nn.init.normal_(self.position, std=0.02)
+        self.blocks = blocks
+        self.to_latent = nn.Linear(n_tokens * d_model, latent_dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.embed(tokens) + self.position)
+        return self.to_latent(h.flatten(1))
+
+
+class _TransformerDecoderPart(nn.Module):
+    def __init__(self, n_tokens: int, token_size: int, latent_dim: int, d_model: int, blocks: _TokenEncoder) -> None:
+        super().__init__()
+        self.from_latent = nn.Linear(latent_dim, n_tokens * d_model)
+        self.position = nn.Parameter(torch.zeros(n_tokens, d_model))
+        nn.init.normal_(self.position, std=0.02)
+        self.blocks = blocks
+        self.unembed = nn.Linear(d_model, token_size)
+        self.n_tokens, self.d_model = n_tokens, d_model
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.from_latent(z).unflatten(1, (self.n_tokens, self.d_model)) + self.position
+        return self.unembed(self.blocks(h))
+
+
+class TransformerAE(BalerAutoencoder):
+    """Transformer autoencoder; each sample is a sequence of tokens.
+
+    Tokens: one per column of a table row (token size 1), one per row of an ``(H, W)`` frame (token size W), one
+    per channel-row of a ``(C, H, W)`` frame. Encoder: Linear(token→d_model) + learned position → ``n_layers``
+    pre-norm transformer layers (GELU, as the original) → flatten → Linear(→z). The decoder mirrors it:
+    Linear(z→tokens·d_model) + position → transformer layers → Linear(d_model→token). Attention runs within a
+    sample, so a sample's code never depends on the other rows of its batch.
+    """
+
+    def __init__(
+        self,
+        input_shape: Sequence[int],
+        latent_dim: int,
+        d_model: int = 32,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        feedforward: int = 64,
+    ) -> None:
+        super().__init__(input_shape, latent_dim)
+        if d_model < 1 or n_heads < 1 or d_model % n_heads:
+            raise BalerInputError(f"TransformerAE needs d_model divisible by n_heads, got {d_model} and {n_heads}")
+        if n_layers < 1 or feedforward < 1:
+            raise BalerInputError(f"TransformerAE needs n_layers >= 1 and feedforward >= 1, got {n_layers}, {feedforward}")
+        if len(self.input_shape) == 1:
+            self.n_tokens, self.token_size = self.input_shape[0], 1
+        else:
+            self.n_tokens = math.prod(self.input_shape[:-1])
+            self.token_size = self.input_shape[-1]
+        args = (self.n_tokens, self.token_size, self.latent_dim, int(d_model))
+        self.encoder = _TransformerEncoderPart(*args, _TokenEncoder(d_model, n_heads, n_layers, feedforward))
+        self.decoder = _TransformerDecoderPart(*args, _TokenEncoder(d_model, n_heads, n_layers, feedforward))
+
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder(x.unsqueeze(1) if self._add_channel else x)
+        return self.encoder(x.reshape(x.shape[0], self.n_tokens, self.token_size))
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        out = self.decoder(z)
-        return out.squeeze(1) if self._add_channel else out
+        return self.decoder(z).reshape(z.shape[0], *self.input_shape)
 
 
-MODELS: dict[str, type[BalerAutoencoder]] = {"AE": AE, "AE_Dropout_BN": AE_Dropout_BN, "ConvAE": ConvAE}
+MODELS: dict[str, type[BalerAutoencoder]] = {
+    "AE": AE,
+    "AE_Dropout_BN": AE_Dropout_BN,
+    "CFD_dense_AE": CFD_dense_AE,
+    "ConvAE": ConvAE,
+    "PJ_Conv_AE": PJ_Conv_AE,
+    "TransformerAE": TransformerAE,
+}
 
 
 def build_model(

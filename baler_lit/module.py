@@ -12,18 +12,26 @@ Logged metrics (dimensionless, on normalised data):
 
 Optimiser and schedules follow Baler: Adam (lr 1e-3), ReduceLROnPlateau (factor 0.5, patience 50,
 min_lr 1e-6) and early stopping (patience 100), all arguments of this class so a LightningCLI YAML sets them.
-The normaliser, column names and dtypes are saved in every checkpoint (``checkpoint["baler"]``).
+The normaliser, column names and dtypes are saved in every checkpoint (``checkpoint["baler"]``); ``baler-lit
+compress`` reads them back without Lightning (:func:`baler_lit.cli.load_checkpoint`).
+
+:class:`BalerCheckpoint` is the checkpoint callback of the shipped configs: it monitors what exists
+(``val/loss`` with a validation split, ``train/loss`` without, as Baler's default ``test_size = 0``) and keeps
+the best weights in memory, writing the file at most every ``write_interval_s`` and at the end of the fit, so
+a one-batch epoch does not pay a multi-megabyte file write.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from .errors import BalerInputError
 from .losses import BalerLoss
@@ -45,10 +53,12 @@ class BalerModule(L.LightningModule):
         latent_dim: explicit latent size; overrides ``compression_ratio``.
         model_kwargs: extra model arguments (``hidden``, ``channels``, ...).
         dtype: ``"float32"`` (default) or ``"float64"`` (Baler's dtype).
-        loss: ``"sum"`` (Baler's Σ(x̂−x)²/n_columns per batch) or ``"mean"``.
+        loss: ``"sum"`` (Baler's Σ(x̂−x)²/n_columns per batch), ``"mean"`` or ``"swae"`` (``"sum"`` plus Baler's
+            sliced-Wasserstein term, ``loss_function_swae``).
         reg_param: L1 weight-regularisation strength (0 = off; Baler configures 0.001 but never applies it).
         rho: sparse-KL target activation of the latent units (``None`` = off; Baler configures 0.05).
         kl_weight: weight of the sparse-KL term.
+        swd_weight, swd_projections: weight and projections of the ``"swae"`` term (Baler: 100, 2000).
         lr: Adam learning rate.
         adam: ``"fused"``, ``"foreach"`` or ``"for-loop"`` Adam implementation.
         lr_factor, lr_patience, min_lr: ReduceLROnPlateau settings (epochs); ``lr_patience=None`` disables it.
@@ -71,6 +81,8 @@ class BalerModule(L.LightningModule):
         reg_param: float = 0.0,
         rho: float | None = None,
         kl_weight: float = 1.0,
+        swd_weight: float = 100.0,
+        swd_projections: int = 2000,
         lr: float = 1e-3,
         adam: str = "fused",
         lr_factor: float = 0.5,
@@ -94,7 +106,7 @@ class BalerModule(L.LightningModule):
         self.model: BalerAutoencoder = build_model(
             model, input_shape, latent_dim, compression_ratio, dtype, model_kwargs
         )
-        self.criterion = BalerLoss(loss, reg_param, rho, kl_weight)
+        self.criterion = BalerLoss(loss, reg_param, rho, kl_weight, swd_weight, swd_projections)
         self.to(resolve_dtype(dtype))
         self.normalizer: MinMaxNormalizer | None = None
         self.column_names: list[str] = []
@@ -210,7 +222,8 @@ class BalerModule(L.LightningModule):
         return {"latent": z, "reconstruction": x_hat}
 
     # -- optimisation --------------------------------------------------------------------------------
-    def _monitor(self) -> str:
+    def monitored_metric(self) -> str:
+        """The metric the scheduler, early stopping and :class:`BalerCheckpoint` follow (see ``monitor``)."""
         if self.hparams.monitor != "auto":
             return self.hparams.monitor
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -232,7 +245,7 @@ class BalerModule(L.LightningModule):
         )
         return {
             "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "monitor": self._monitor(), "interval": "epoch"},
+            "lr_scheduler": {"scheduler": scheduler, "monitor": self.monitored_metric(), "interval": "epoch"},
         }
 
     def configure_callbacks(self) -> list[L.Callback]:
@@ -240,9 +253,102 @@ class BalerModule(L.LightningModule):
             return []
         return [
             EarlyStopping(
-                monitor=self._monitor(),
+                monitor=self.monitored_metric(),
                 patience=self.hparams.early_stopping_patience,
                 min_delta=self.hparams.early_stopping_min_delta,
                 mode="min",
             )
         ]
+
+
+class BalerCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that monitors what exists and writes the best weights at most every few seconds.
+
+    Args:
+        monitor: ``"auto"`` (default) follows the module's :meth:`BalerModule.monitored_metric`: ``val/loss``
+            with a validation split, ``train/loss`` without (for another LightningModule: ``val/loss`` if it
+            has a ``validation_step``); any other value is used as is.
+        write_interval_s: with ``save_top_k=1`` on one process, a new best is copied into preallocated
+            in-memory buffers (one ``_foreach_copy_`` of the weights, about 0.1 ms per MB) and the file is
+            written when at least this many seconds have passed since the last write, and always at the end of
+            the fit or when it fails. ``0`` writes every new best at once (``ModelCheckpoint``'s behaviour).
+        **kwargs: every other ``ModelCheckpoint`` argument (``filename``, ``dirpath``, ``mode``, ...).
+
+    A deferred file is a weights-only Lightning checkpoint of the best epoch (``state_dict``, hyper-parameters,
+    the ``baler`` section, that epoch's ``epoch``/``global_step``): ``baler-lit compress`` and
+    ``BalerModule.load_from_checkpoint`` read it; to resume a fit, add a second checkpoint with ``save_last``.
+    """
+
+    def __init__(self, monitor: str | None = "auto", write_interval_s: float = 60.0, **kwargs: Any) -> None:
+        kwargs.setdefault("mode", "min")
+        super().__init__(monitor=monitor, **kwargs)
+        if write_interval_s < 0:
+            raise BalerInputError(f"write_interval_s must be >= 0, got {write_interval_s}")
+        self.write_interval_s = float(write_interval_s)
+        self._in_topk = False
+        self._snapshot: dict[str, torch.Tensor] | None = None
+        self._live: list[torch.Tensor] = []
+        self._pending: tuple[str, int, int] | None = None
+        self._last_write = time.monotonic()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.monitor == "auto":
+            monitored = getattr(pl_module, "monitored_metric", None)
+            if callable(monitored):
+                self.monitor = monitored()
+            else:  # another LightningModule: val/loss if it validates at all
+                self.monitor = "val/loss" if is_overridden("validation_step", pl_module) else "train/loss"
+        super().setup(trainer, pl_module, stage)
+        self._last_write = time.monotonic()
+
+    def _defers(self, trainer: L.Trainer) -> bool:
+        return self._in_topk and self.write_interval_s > 0 and self.save_top_k == 1 and trainer.world_size == 1
+
+    def _save_topk_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        self._in_topk = True
+        try:
+            super()._save_topk_checkpoint(trainer, monitor_candidates)
+        finally:
+            self._in_topk = False
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        if not self._defers(trainer):
+            super()._save_checkpoint(trainer, filepath)
+            return
+        self._take_snapshot(trainer.lightning_module)
+        self._pending = (filepath, trainer.current_epoch, trainer.global_step)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if time.monotonic() - self._last_write >= self.write_interval_s:
+            self.write_pending(trainer)
+
+    def _take_snapshot(self, pl_module: L.LightningModule) -> None:
+        if self._snapshot is None:
+            state = pl_module.state_dict()
+            self._live = [t.detach() for t in state.values()]
+            self._snapshot = {k: t.detach().clone() for k, t in state.items()}
+        else:
+            torch._foreach_copy_(list(self._snapshot.values()), self._live)
+
+    def write_pending(self, trainer: L.Trainer) -> None:
+        """Write the best weights held in memory, if newer than the file."""
+        if self._pending is None or self._snapshot is None:
+            return
+        filepath, epoch, step = self._pending
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+        checkpoint.pop("loops", None)  # the loops have moved on since the best epoch
+        checkpoint.update(state_dict=self._snapshot, epoch=epoch, global_step=step)
+        trainer.strategy.save_checkpoint(checkpoint, filepath)
+        self._pending = None
+        self._last_write = time.monotonic()
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write_pending(trainer)
+        super().on_train_end(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.write_pending(trainer)
+        super().on_exception(trainer, pl_module, exception)

@@ -2,8 +2,9 @@
 
 ``.npz``: array ``data`` (``(n_rows, n_columns)`` or ``(n_frames, H, W)``), optional ``names`` (one string per
 column; an empty array is allowed) and optional ``dtypes`` (one dtype name per column, written by
-``baler-lit decompress`` so mixed integer/float tables keep their column types). Arrays are loaded with
-``allow_pickle=False``.
+``baler-lit decompress`` so mixed integer/float tables keep their column types). Without ``dtypes`` (Baler's
+plain layout), integer-valued float columns are detected (:func:`~baler_lit.table.infer_column_dtypes`) and
+restored rounded. Arrays are loaded with ``allow_pickle=False``.
 
 ROOT: one TTree; the branches are listed explicitly or selected by a name prefix (for example ``Jet_``).
 Flat branches give one row per entry; jagged branches of one collection (NanoAOD ``Jet_*``) give one row per
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BalerInputError
-from .table import Table
+from .table import Table, infer_column_dtypes
 
 #: ROOT leaf type names (as uproot spells them) that map to numeric columns.
 ROOT_NUMERIC_TYPES = {
@@ -85,8 +86,12 @@ def load_npz(path: str | os.PathLike, key: str = "data") -> Table:
     name_list = [str(n) for n in names.tolist()] if names.size and names.dtype.kind in "US" else []
     if names.size and not name_list:
         raise BalerInputError(f"input {p}: 'names' must be strings, got dtype {names.dtype}")
-    dtype_list = [str(d) for d in dtypes.tolist()] if dtypes.size else []
-    return Table(data, names=name_list, dtypes=dtype_list, source=str(p))
+    if dtypes.size:
+        return Table(data, names=name_list, dtypes=[str(d) for d in dtypes.tolist()], source=str(p))
+    if data.ndim in (2, 3) and data.dtype.kind in "fiub" and data.size:
+        inferred = infer_column_dtypes(data, frames=data.ndim == 3)
+        return Table(data, names=name_list, dtypes=inferred, source=str(p), dtypes_inferred=True)
+    return Table(data, names=name_list, source=str(p))  # raises the shape/kind error
 
 
 def _tree_names(rootfile) -> list[str]:

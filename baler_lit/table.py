@@ -31,12 +31,15 @@ class Table:
         names: column names (tables) or ``[]`` (frames).
         dtypes: numpy dtype names, one per column (tables) or one for the whole array (frames).
         source: where the data came from, for error messages.
+        dtypes_inferred: True when no file or caller stated the dtypes (they follow the data array, with
+            integer-valued float columns detected by :func:`infer_column_dtypes`).
     """
 
     data: np.ndarray
     names: list[str] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     source: str = "<memory>"
+    dtypes_inferred: bool = False
 
     def __post_init__(self) -> None:
         self.data = np.asarray(self.data)
@@ -51,18 +54,10 @@ class Table:
         if not self.dtypes:
             n = 1 if self.is_frames else self.n_columns
             self.dtypes = [self.data.dtype.name] * n
+            self.dtypes_inferred = True
         if self.data.dtype != np.float64:
             self.data = self.data.astype(np.float64)
-        expected = 1 if self.is_frames else self.n_columns
-        if len(self.dtypes) != expected:
-            raise BalerInputError(f"{self.source}: {len(self.dtypes)} dtypes given for {expected} columns")
-        for d in self.dtypes:
-            try:
-                kind = np.dtype(d).kind
-            except TypeError:
-                raise BalerInputError(f"{self.source}: unknown column dtype {d!r}") from None
-            if kind not in "fiub":
-                raise BalerInputError(f"{self.source}: column dtype {d!r} is not numeric")
+        self.set_dtypes(self.dtypes)
         if self.is_frames:
             self.names = []
         elif not self.names:
@@ -72,6 +67,23 @@ class Table:
                 f"{self.source}: {len(self.names)} column names for {self.n_columns} columns (column-count mismatch)"
             )
         self._check_finite()
+
+    def set_dtypes(self, dtypes: list[str]) -> None:
+        """Describe the columns with ``dtypes`` (numpy numeric type names, Baler's ``type_list`` spelling:
+        ``"int"``, ``"float64"``, ...), one per column (one for frames); raise naming a bad or missing one."""
+        expected = 1 if self.is_frames else self.n_columns
+        if len(dtypes) != expected:
+            raise BalerInputError(f"{self.source}: {len(dtypes)} dtypes given for {expected} columns")
+        names = []
+        for d in dtypes:
+            try:
+                kind = np.dtype(str(d))
+            except TypeError:
+                raise BalerInputError(f"{self.source}: unknown column dtype {d!r}") from None
+            if kind.kind not in "fiub":
+                raise BalerInputError(f"{self.source}: column dtype {d!r} is not numeric")
+            names.append(kind.name)
+        self.dtypes = names
 
     def _check_finite(self) -> None:
         finite = np.isfinite(self.data)
@@ -120,6 +132,31 @@ class Table:
 
 #: Largest integer magnitude float32 represents exactly (2^24).
 FLOAT32_EXACT_INT = 2**24
+#: Largest integer magnitude each float type represents exactly (2^(mantissa bits + 1)).
+EXACT_INT_LIMIT = {2: 2**11, 4: 2**24, 8: 2**53}
+
+
+def infer_column_dtypes(data: np.ndarray, frames: bool) -> list[str]:
+    """Per-column dtype names for data that came without any: integer-valued float columns become integers.
+
+    A float column whose every value is a whole number within the float type's exact-integer range is taken as
+    an integer column of the same width (float64 → int64, float32 → int32, float16 → int16), so restored values
+    are rounded while the original size, and so the printed ratio, stays that of the stored array. Frames get
+    one dtype for the whole array. Integer and bool arrays keep their dtype.
+    """
+    arr = np.asarray(data)
+    kind = arr.dtype
+    n = 1 if frames else int(np.prod(arr.shape[1:]))
+    if kind.kind != "f":
+        return [kind.name] * n
+    limit = EXACT_INT_LIMIT.get(kind.itemsize, 2**53)
+    as_int = np.dtype(f"int{8 * kind.itemsize}").name
+    flat = arr.reshape(arr.shape[0], -1) if not frames else arr.reshape(-1, 1)
+    whole = np.ones(flat.shape[1], dtype=bool)
+    for start in range(0, flat.shape[0], 65536):  # bounded temporaries on large tables
+        block = flat[start : start + 65536]
+        whole &= np.all((block == np.rint(block)) & (np.abs(block) <= limit), axis=0)
+    return [as_int if w else kind.name for w in whole]
 
 
 class DtypeRestorer:

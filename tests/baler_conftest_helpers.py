@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import lightning as L
 import pytest
 import torch
 
-#: Real example files live next to the repository, never inside it.
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: Real example files live next to the repository, never inside it (``BALER_LIT_DATA`` points elsewhere, e.g.
+#: from a git worktree one level deeper).
+DATA_DIR = Path(os.environ.get("BALER_LIT_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 NANOAOD = DATA_DIR / "nanoAOD_2015_CMS_Open_Data_ttbar.root"
 CFD = DATA_DIR / "CFD_animation.npz"
 HZZ = DATA_DIR / "uproot-HZZ.root"

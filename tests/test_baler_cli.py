@@ -24,7 +24,6 @@ def _fit_args(config, root, *extra):
     return [
         "fit", "--config", str(config),
         "--trainer.default_root_dir", str(root),
-        "--trainer.logger.init_args.save_dir", str(root),
         "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false",
         "--trainer.log_every_n_steps", "1",
@@ -43,7 +42,7 @@ def trained(tmp_path_factory):
         code = main(_fit_args(CMS_CONFIG, root, "--data.path", str(data), "--data.batch_size", "128",
                               "--trainer.max_epochs", "3"))  # fmt: skip
     assert code == 0
-    run = root / "tb" / "version_0"
+    run = root / "lightning_logs" / "version_0"
     return root, run / "checkpoints" / "best.ckpt", data
 
 
@@ -156,10 +155,10 @@ def test_print_config_stdout_is_clean_yaml():
 def test_cfd_conv_config_trains(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the config names the data as ../shared/data/CFD_animation.npz
     monkeypatch.setattr(sys, "argv", ["baler-lit"])
-    assert main(_fit_args(CFD_CONFIG, tmp_path, "--trainer.max_epochs", "2")) == 0
-    module = load_checkpoint(tmp_path / "tb" / "version_0" / "checkpoints" / "best.ckpt")
+    assert main(_fit_args(CFD_CONFIG, tmp_path, "--trainer.max_epochs", "2", "--data.path", str(CFD))) == 0
+    module = load_checkpoint(tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "best.ckpt")
     assert module.hparams["model"] == "ConvAE" and tuple(module.hparams["input_shape"]) == (50, 50)
-    assert module.latent_dim == 50
+    assert module.model.latent_dim == 50
 
 
 @requires(NANOAOD)
@@ -168,8 +167,8 @@ def test_root_jets_through_the_cli_reuse_the_training_branches(tmp_path, monkeyp
     args = _fit_args(CMS_CONFIG, tmp_path, "--data.path", str(NANOAOD), "--data.root_prefix", "Jet_",
                      "--data.batch_size", "128", "--trainer.max_epochs", "2")  # fmt: skip
     assert main(args) == 0
-    ckpt = tmp_path / "tb" / "version_0" / "checkpoints" / "best.ckpt"
-    assert load_checkpoint(ckpt).latent_dim == 25  # ceil(40 / 1.6)
+    ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "best.ckpt"
+    assert load_checkpoint(ckpt).model.latent_dim == 25  # ceil(40 / 1.6)
     baler, restored = tmp_path / "jets.baler", tmp_path / "jets.npz"
     # no branch options: the 40 Jet_* columns recorded in the checkpoint are read again, in training order
     assert main(["compress", "--ckpt", str(ckpt), "--input", str(NANOAOD), "--output", str(baler)]) == 0

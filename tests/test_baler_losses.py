@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from baler_lit.errors import BalerInputError
-from baler_lit.losses import BalerLoss, l1_weight_penalty, reconstruction_loss, sparse_kl_penalty
+from baler_lit.losses import (
+    BalerLoss,
+    l1_weight_penalty,
+    reconstruction_loss,
+    sliced_wasserstein_penalty,
+    sparse_kl_penalty,
+)
 from baler_lit.models import build_model
 from baler_conftest_helpers import one_thread  # noqa: F401 (fixture)
 
@@ -75,3 +81,39 @@ def test_sparse_kl_is_zero_at_target_and_positive_elsewhere():
 def test_loss_arguments_are_validated(kwargs):
     with pytest.raises(BalerInputError):
         BalerLoss(**kwargs)
+
+
+def test_swae_penalty_is_balers_compute_swd():
+    """Same random draws as Baler's compute_swd (normal projections, standard-normal prior) → same value."""
+    z = torch.randn(16, 5, dtype=torch.float64) * 2 + 1
+    gen = torch.Generator().manual_seed(7)
+    ours = sliced_wasserstein_penalty(z, weight=100.0, power=2.0, n_projections=50, generator=gen)
+    gen = torch.Generator().manual_seed(7)
+    directions = torch.randn(50, 5, generator=gen, dtype=torch.float64)
+    prior = torch.randn(16, 5, generator=gen, dtype=torch.float64)
+    proj = (directions / directions.norm(dim=1).view(-1, 1)).transpose(0, 1)  # Baler's get_random_projections
+    w_dist = torch.sort((z @ proj).t(), dim=1)[0] - torch.sort((prior @ proj).t(), dim=1)[0]
+    expected = 100.0 / (16 * 15) * w_dist.pow(2.0).mean()
+    torch.testing.assert_close(ours, expected)
+
+
+def test_swae_penalty_pulls_codes_towards_the_prior():
+    torch.manual_seed(0)
+    near = sliced_wasserstein_penalty(torch.randn(256, 4))
+    far = sliced_wasserstein_penalty(torch.randn(256, 4) + 3.0)
+    assert far > 20 * near
+    assert sliced_wasserstein_penalty(torch.randn(1, 4)) == 0  # one sample has no pairs
+
+
+def test_swae_loss_adds_the_term_and_keeps_balers_reconstruction():
+    torch.manual_seed(0)
+    model = build_model("AE", (24,))
+    x = torch.rand(32, 24)
+    total, recon = BalerLoss("swae")(model, x)
+    _, plain = BalerLoss("sum")(model, x)
+    torch.testing.assert_close(recon, plain)
+    assert total > recon
+    grads, _, _ = _grads(model, BalerLoss("swae"), x)
+    grads_plain, _, _ = _grads(model, BalerLoss("sum"), x)
+    assert not torch.allclose(grads["encoder.0.weight"], grads_plain["encoder.0.weight"])
+    torch.testing.assert_close(grads["decoder.6.weight"], grads_plain["decoder.6.weight"])  # the term acts on z only

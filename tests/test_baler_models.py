@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from baler_lit.errors import BalerInputError
-from baler_lit.models import AE, AE_Dropout_BN, ConvAE, build_model, latent_size
+from baler_lit.models import AE, AE_Dropout_BN, ConvAE, PJ_Conv_AE, build_model, latent_size
 from baler_conftest_helpers import one_thread  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -97,7 +97,7 @@ def test_float64_models():
 
 @pytest.mark.parametrize(
     ("name", "shape", "message"),
-    [("AE", (50, 50), "use ConvAE"), ("ConvAE", (24,), "use AE"), ("nope", (24,), "unknown model")],
+    [("AE", (50, 50), "use CFD_dense_AE, ConvAE"), ("ConvAE", (24,), "use AE"), ("nope", (24,), "unknown model")],
 )
 def test_model_shape_errors_name_the_problem(name, shape, message):
     with pytest.raises(BalerInputError, match=message):
@@ -107,3 +107,62 @@ def test_model_shape_errors_name_the_problem(name, shape, message):
 def test_bad_dtype_is_rejected():
     with pytest.raises(BalerInputError, match="dtype"):
         build_model("AE", (24,), dtype="float16")
+
+
+# -- Baler's other models, sized from the data ------------------------------------------------------------------
+def test_cfd_dense_ae_takes_and_returns_frames_with_balers_layer_sizes():
+    model = build_model("CFD_dense_AE", (50, 50), compression_ratio=100)  # Baler's CFD example: 2500 → 25
+    assert _linear_sizes(model.encoder) == [(2500, 200), (200, 100), (100, 50), (50, 25)]
+    assert _linear_sizes(model.decoder) == [(25, 50), (50, 100), (100, 200), (200, 2500)]
+    x = torch.rand(4, 50, 50)
+    z = model.encode(x)
+    assert z.shape == (4, 25) and model.decode(z).shape == (4, 50, 50)
+    flat = AE((2500,), 25)
+    flat.load_state_dict(model.state_dict())  # same layers as AE on hand-flattened frames
+    torch.testing.assert_close(model(x), flat(x.flatten(1)).unflatten(1, (50, 50)))
+
+
+def test_pj_conv_ae_matches_the_original_on_28x28_and_sizes_itself_for_other_frames():
+    model = build_model("PJ_Conv_AE", (28, 28), latent_dim=10)
+    assert isinstance(model, PJ_Conv_AE) and model.flat_size == 50 * 7 * 7  # the original's hard-coded size
+    assert _linear_sizes(model.encoder) == [(2450, 500), (500, 10)]
+    assert _linear_sizes(model.decoder) == [(10, 500), (500, 2450)]
+    convs = [(m.in_channels, m.out_channels, m.kernel_size, m.stride) for m in model.modules()
+             if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]  # fmt: skip
+    assert convs == [(1, 20, (5, 5), (2, 2)), (20, 50, (5, 5), (2, 2)), (50, 20, (5, 5), (2, 2)), (20, 1, (5, 5), (2, 2))]
+    for shape in [(28, 28), (50, 50), (37, 23), (2, 16, 9)]:
+        m = build_model("PJ_Conv_AE", shape, compression_ratio=10.0)
+        assert m(torch.rand(3, *shape)).shape == (3, *shape)
+    with pytest.raises(BalerInputError, match="frames"):
+        build_model("PJ_Conv_AE", (24,))
+
+
+@pytest.mark.parametrize("shape", [(24,), (50, 50), (2, 8, 9)])
+def test_transformer_ae_codes_each_sample_on_its_own(shape):
+    torch.manual_seed(0)
+    model = build_model("TransformerAE", shape, compression_ratio=4.0).eval()
+    x = torch.rand(5, *shape)
+    with torch.no_grad():
+        z = model.encode(x)
+        assert z.shape == (5, model.latent_dim) and model.decode(z).shape == (5, *shape)
+        # the original attends across the rows of a batch; here a row's code does not depend on its neighbours
+        torch.testing.assert_close(model.encode(x[2:3]), z[2:3], rtol=1e-5, atol=1e-6)
+
+
+def test_transformer_ae_learns():
+    torch.manual_seed(0)
+    model = build_model("TransformerAE", (24,), compression_ratio=1.6)
+    x = torch.rand(64, 24)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(200):
+        loss = torch.nn.functional.mse_loss(model(x), x)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    mean_only = float(((x - x.mean(0)) ** 2).mean())  # the error of predicting each column's mean
+    assert float(loss.detach()) < 0.25 * mean_only  # it reconstructs rows, not just the average row
+
+
+def test_transformer_ae_rejects_heads_that_do_not_divide_the_width():
+    with pytest.raises(BalerInputError, match="divisible"):
+        build_model("TransformerAE", (24,), model_kwargs={"d_model": 30, "n_heads": 4})

@@ -99,8 +99,11 @@ def test_checkpoint_keeps_normalisation_and_loads_without_pickle(tmp_path):
     module = BalerModule(input_shape=dm.input_shape, dtype="float64", latent_dim=9)
     ckpt = ModelCheckpoint(dirpath=tmp_path, filename="best", monitor="val/loss")
     quick_trainer(max_epochs=2, enable_checkpointing=True, callbacks=[ckpt]).fit(module, dm)
-    loaded = load_checkpoint(tmp_path / "best.ckpt")  # weights_only=True inside
-    assert loaded.latent_dim == 9 and next(loaded.parameters()).dtype == torch.float64
+    loaded = load_checkpoint(tmp_path / "best.ckpt")  # weights_only=True inside, no Lightning
+    assert loaded.model.latent_dim == 9 and next(loaded.model.parameters()).dtype == torch.float64
+    stored = torch.load(tmp_path / "best.ckpt", weights_only=True)["state_dict"]
+    for name, value in loaded.model.state_dict().items():
+        torch.testing.assert_close(value, stored[f"model.{name}"], rtol=0, atol=0)
     np.testing.assert_array_equal(loaded.normalizer.minimum, dm.normalizer.minimum)
     assert loaded.column_names == dm.table.names and loaded.column_dtypes == dm.table.dtypes
 
