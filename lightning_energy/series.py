@@ -579,14 +579,19 @@ class SensorSeries:
         at, energy = i + 1, energies[i]
         for t, piece in zip(inside, pieces):
             energy = min(energy + piece * scale, energies[i + 1])
-            times.insert(at, t)
-            energies.insert(at, energy)
-            self.update_early.insert(at, -math.inf)  # no reading: never a bracket of the true energy
-            self.update_late.insert(at, math.inf)
-            self._over.insert(at, 0.0)
-            self._under.insert(at, 0.0)
+            self._insert_rebuilt_point(at, t, energy)
             at += 1
         return True
+
+    def _insert_rebuilt_point(self, at: int, t: float, energy_J: float) -> None:
+        """Insert a point the rule rebuilt (no reading behind it) at index ``at``: time ``t`` (s), cumulative
+        ``energy_J`` (J); it never brackets the true energy, so its update window is unbounded."""
+        self.times.insert(at, t)
+        self.energies.insert(at, energy_J)
+        self.update_early.insert(at, -math.inf)
+        self.update_late.insert(at, math.inf)
+        self._over.insert(at, 0.0)
+        self._under.insert(at, 0.0)
 
     def _rebuild_step(self, i: int) -> None:
         """Rebuild the power step inside the period ``(times[i], times[i+1])`` (see the module docstring)."""
@@ -616,15 +621,8 @@ class SensorSeries:
             if from_before > from_after:
                 return
             new = [(b1, from_before), (bl, from_after)]
-        at = i + 1
-        for t, energy in new:
-            times.insert(at, t)
-            energies.insert(at, energy)
-            self.update_early.insert(at, -math.inf)  # no reading: never a bracket of the true energy
-            self.update_late.insert(at, math.inf)
-            self._over.insert(at, 0.0)
-            self._under.insert(at, 0.0)
-            at += 1
+        for at, (t, energy) in enumerate(new, start=i + 1):
+            self._insert_rebuilt_point(at, t, energy)
 
     def _place_update(self, lo: float, hi: float, period: float) -> tuple[float, float, float]:
         """Time of the update seen at ``hi`` (previous read at ``lo``) and the span it lies in."""
