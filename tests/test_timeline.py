@@ -391,3 +391,39 @@ def test_the_fit_starts_after_a_first_sample_even_when_the_sampling_thread_start
     trainer, _ = fit(tmp_path, [callback], max_epochs=2)
     run = load_run(callback.report_path.parent)
     assert run.time_s[0] - run.start_s <= interval_s  # old code: 1.3 s of the fit before the first sample
+
+
+def test_an_epoch_resolved_while_steps_are_drained_is_delivered_before_the_next_epochs_steps(tmp_path, monkeypatch):
+    """The sampler thread may resolve an epoch's end, and a step of the next epoch, between the moment the
+    timeline asks whether the epoch is ready and the moment it drains the step results. Loggers must still
+    see the epoch's figures before any step of the next epoch (CI saw `energy/total_J` go backwards).
+
+    The race is made certain: whenever the epoch is not ready yet while a step of the next epoch has ended,
+    the check waits (bounded) until the sampler has published that step, i.e. has resolved everything.
+    """
+    from lightning_energy.integration.timeline import Timeline
+
+    original = Timeline._epoch_ready
+    raced = []
+
+    def ready_then_sampler_catches_up(self, epoch):
+        ready = original(self, epoch)
+        current = self._epoch
+        if not ready and current is not None and current.epoch > epoch.epoch and current.steps > 0:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and not any(
+                    info[1].epoch > epoch.epoch for info, _ in list(self.meter.results)):
+                time.sleep(0.005)
+            raced.append(epoch.epoch)
+        return ready
+
+    monkeypatch.setattr(Timeline, "_epoch_ready", ready_then_sampler_catches_up)
+    logger = RecordingLogger(tmp_path)
+    callback = EnergyCallback(sensors=sensors(), verbose=False, interval_s=0.2)  # epoch ends resolve late
+    fit(tmp_path, [callback], logger, max_epochs=3, log_every_n_steps=1)
+    assert raced  # the race happened
+    steps = [step for step, metrics in logger.metrics if "energy/total_J" in metrics]
+    assert steps == sorted(steps)  # every energy figure is at a step no earlier than the one before
+    totals = logger.values("energy/total_J")
+    assert totals == sorted(totals)
+    assert logger.steps("energy/epoch_J") == [10, 20, 30]

@@ -317,7 +317,8 @@ class Timeline:
         """Hand every measured step, loop and epoch to the listeners (cheap when nothing is new).
 
         Which epochs and loops are ready is read BEFORE the step results are drained: the meter publishes
-        a window before any later mark resolves, so every step of a ready epoch is delivered first.
+        a window before any later mark resolves, so every step of a ready epoch is delivered first. An epoch
+        whose end resolves while the steps are drained goes out before the first step of a later epoch.
         """
         if not (self.meter.results or self._pending_epochs or self._pending_loops):
             return  # the common case on the training thread: nothing new
@@ -325,7 +326,16 @@ class Timeline:
         ready_loops = sum(1 for _ in _takewhile(self._loop_ready, self._pending_loops))
         results = self.meter.results
         while results:
-            (step_number, step, log, end), gross = results.popleft()
+            (step_number, step, log, end), gross = results[0]
+            # The sampler may have resolved an epoch's end (and this later step) after the count above:
+            # that epoch goes out first, so listeners always see an epoch before the next epoch's steps.
+            while (epochs and self._pending_epochs and self._pending_epochs[0].epoch < step.epoch
+                   and self._epoch_ready(self._pending_epochs[0])):
+                self._emit_next_epoch(trainer)
+                ready_epochs = max(0, ready_epochs - 1)
+            if self._pending_epochs and self._pending_epochs[0].epoch < step.epoch:
+                break  # its epoch is not settled yet: the step waits for it
+            results.popleft()
             extras = {}
             for name, start, stop in step.extras:
                 extras[name] = _plus(extras.get(name), measure(start, stop))
@@ -339,15 +349,18 @@ class Timeline:
             for listener in list(self.listeners):
                 listener.on_step_measured(trainer, figures)
         for _ in range(ready_epochs):
-            epoch = self._pending_epochs.popleft()
-            figures = epoch.figures or self._local_epoch_figures(epoch)
-            for loop in epoch.loops:
-                self._emit_loop(trainer, loop)
-            self.epochs_measured.append(figures)
-            for listener in list(self.listeners):
-                listener.on_epoch_measured(trainer, figures)
+            self._emit_next_epoch(trainer)
         for _ in range(ready_loops):
             self._emit_loop(trainer, self._pending_loops.popleft())
+
+    def _emit_next_epoch(self, trainer) -> None:
+        epoch = self._pending_epochs.popleft()
+        figures = epoch.figures or self._local_epoch_figures(epoch)
+        for loop in epoch.loops:
+            self._emit_loop(trainer, loop)
+        self.epochs_measured.append(figures)
+        for listener in list(self.listeners):
+            listener.on_epoch_measured(trainer, figures)
 
     def _find_epoch(self, number: int) -> _Epoch | None:
         if self._epoch is not None and self._epoch.epoch == number:
