@@ -14,6 +14,13 @@ byte of it, including the SHA-256 checksum, which anybody can recompute. So the 
    bounded by what the archive actually holds;
 3. the arrays: read in order, the checksum updated while streaming, and compared before any array is used.
 
+Format version 2 (this version writes it; version 1 files still read) adds two optional parts, checked the
+same way: constant columns (``constants.count`` in the header, arrays ``constant_index`` (``<i8``, the
+sample positions, strictly increasing) and ``constant_value`` (``<f8``)), restored exactly, never through the
+network; and error-bound corrections (``corrections``: the bound, the count, the value dtype; arrays
+``corrections_index`` and ``corrections_value`` of zlib bytes, see :mod:`baler_lit.error_bound`, whose
+inflated size the header's count fixes in advance).
+
 The checks raise :class:`~baler_lit.errors.BalerInputError` with one line naming the file and the field.
 """
 
@@ -32,7 +39,9 @@ import torch
 from .errors import BalerInputError
 
 MAGIC = "baler-lit compressed data"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Format versions this reader accepts (1: before constant columns and corrections).
+READABLE_VERSIONS = (1, 2)
 HEADER = "header.json"
 
 #: Latent storage dtypes: name → (torch dtype, numpy dtype of the stored bytes).
@@ -45,7 +54,7 @@ LATENT_DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
 #: The only array dtypes a ``.baler`` file may declare (numpy ``dtype.str``): float latents and weights,
 #: bfloat16 bit patterns (``<u2``) and BatchNorm's step counter (``<i8``). Anything else, an object dtype
 #: ("|O") above all, is refused before an array is allocated.
-ARRAY_DTYPES = frozenset({"<f8", "<f4", "<f2", "<u2", "<i8"})
+ARRAY_DTYPES = frozenset({"<f8", "<f4", "<f2", "<u2", "<i8", "|u1"})
 #: Column dtypes a restored table may have (numpy names).
 COLUMN_DTYPES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"}
@@ -54,6 +63,11 @@ COLUMN_DTYPES = frozenset(
 MODEL_DTYPES = {"float32": "<f4", "float64": "<f8"}
 #: Fixed arrays besides the decoder's parameters.
 FIXED_ARRAYS = ("latent", "norm_min", "norm_scale", "data_min", "data_max")
+#: Arrays of format version 2 that a file holds only when it uses the feature.
+CONSTANT_ARRAYS = ("constant_index", "constant_value")
+CORRECTION_ARRAYS = ("corrections_index", "corrections_value")
+#: Most values (rows × values per sample) a file with corrections may describe (keeps flat indices in int64).
+MAX_CORRECTED_VALUES = 2**46
 #: Largest ``header.json`` accepted (bytes): the names of ~20,000 columns.
 MAX_HEADER_BYTES = 2**20
 #: Most entries an archive may hold (a dense AE has ~10 decoder arrays, a ConvAE a few more).
@@ -123,13 +137,14 @@ def read_header(zf: zipfile.ZipFile, path: Path) -> dict[str, Any]:
     if not isinstance(header, dict) or header.get("magic") != MAGIC:
         raise BalerInputError(f"{path} is not a baler-lit compressed file (wrong magic)")
     version = header.get("format_version")
-    if version != FORMAT_VERSION or isinstance(version, bool):
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         from . import __version__
 
         raise BalerInputError(
             f"{path} was written in format version {_short(version)}"
             f" (baler-lit {_short(header.get('library_version'))});"
-            f" this baler-lit {__version__} reads format version {FORMAT_VERSION} only"
+            f" this baler-lit {__version__} reads format versions {', '.join(map(str, READABLE_VERSIONS))} only:"
+            " decompress it with the baler-lit that wrote it"
         )
     return header
 
@@ -157,6 +172,13 @@ class _Fields:
         if not isinstance(value, list) or not 1 <= len(value) <= max_dims:
             raise self.fail(field, f"must be a list of 1 to {max_dims} sizes, got {_short(value)}")
         return [self.count(v, f"{field}[{i}]", minimum) for i, v in enumerate(value)]
+
+    def bound(self, value: Any, field: str) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise self.fail(field, f"must be null or a finite number >= 0, got {_short(value)}")
+        return float(value)
 
     def choice(self, value: Any, field: str, allowed) -> str:
         if not isinstance(value, str) or value not in allowed:
@@ -211,10 +233,11 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
     arrays = f.get(header, "arrays", "arrays")
     if not isinstance(arrays, dict):
         raise f.fail("arrays", "must be an object")
+    optional = _check_optional_parts(header, f, n_rows, n_columns)
     expected_entries = {HEADER}
     for name, spec in arrays.items():
         field = f"arrays[{name!r}]"
-        if name not in FIXED_ARRAYS and not name.startswith("decoder."):
+        if name not in FIXED_ARRAYS and name not in optional and not name.startswith("decoder."):
             raise f.fail(field, "is not an array of the format")
         dtype = f.choice(f.get(spec, "dtype", f"{field}.dtype"), f"{field}.dtype", ARRAY_DTYPES)
         shape = f.shape(f.get(spec, "shape", f"{field}.shape"), f"{field}.shape", minimum=0, max_dims=6)
@@ -228,7 +251,7 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
                 f" the header says {nbytes}"
             )
         expected_entries.add(entry)
-    for name in FIXED_ARRAYS:
+    for name in (*FIXED_ARRAYS, *optional):
         f.get(arrays, name, f"arrays[{name!r}]")
     if not any(name.startswith("decoder.") for name in arrays):
         raise f.fail("arrays", "hold no decoder parameters")
@@ -242,6 +265,7 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
         "norm_scale": ("<f8", [[1], sample_shape]),
         "data_min": ("<f8", [[1] if frames else [n_columns]]),
         "data_max": ("<f8", [[1] if frames else [n_columns]]),
+        **{name: (dtype, [[size]]) for name, (dtype, size) in optional.items()},
     }
     for name, (dtype, shapes) in expect.items():
         spec = arrays[name]
@@ -252,37 +276,99 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
         raise f.fail("arrays['norm_scale']", "must have the shape of norm_min")
 
 
+def _check_optional_parts(header: dict[str, Any], f: _Fields, n_rows: int, n_positions: int) -> dict[str, tuple]:
+    """The version-2 parts a header declares: array name → (dtype, length) the archive must hold."""
+    if header["format_version"] == 1:
+        return {}
+    parts: dict[str, tuple] = {}
+    constants = f.get(header, "constants", "constants")
+    k = f.count(f.get(constants, "count", "constants.count"), "constants.count", minimum=0)
+    if k > n_positions:
+        raise f.fail("constants.count", f"must be at most {n_positions}, got {k}")
+    if k:
+        parts.update(constant_index=("<i8", k), constant_value=("<f8", k))
+    corrections = f.get(header, "corrections", "corrections")
+    if corrections is not None:
+        rel = f.bound(f.get(corrections, "relative", "corrections.relative"), "corrections.relative")
+        absolute = f.bound(f.get(corrections, "absolute", "corrections.absolute"), "corrections.absolute")
+        if rel is None and absolute is None:
+            raise f.fail("corrections", "must state a relative or an absolute bound")
+        n_values = n_rows * n_positions
+        if n_values > MAX_CORRECTED_VALUES:
+            raise f.fail("corrections", f"cannot index {n_values} values (at most 2^46)")
+        count = f.count(f.get(corrections, "count", "corrections.count"), "corrections.count", minimum=0)
+        if count > n_values:
+            raise f.fail("corrections.count", f"must be at most {n_values}, got {count}")
+        from .error_bound import VALUE_DTYPES
+
+        f.choice(f.get(corrections, "value_dtype", "corrections.value_dtype"), "corrections.value_dtype",
+                 VALUE_DTYPES)  # fmt: skip
+        for name in CORRECTION_ARRAYS:
+            spec = f.get(f.get(header, "arrays", "arrays"), name, f"arrays[{name!r}]")
+            shape = f.shape(f.get(spec, "shape", f"arrays[{name!r}].shape"), f"arrays[{name!r}].shape", 0, 1)
+            parts[name] = ("|u1", shape[0])
+    return parts
+
+
 def read_arrays(zf: zipfile.ZipFile, header: dict[str, Any], path: Path) -> dict[str, np.ndarray]:
     """The arrays of a checked header, the checksum verified while streaming (before any array is returned)."""
+    return verify_arrays(zf, header, path)[0]
+
+
+def verify_arrays(
+    zf: zipfile.ZipFile, header: dict[str, Any], path: Path, skip: frozenset[str] = frozenset()
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The arrays of a checked header, the checksum verified while streaming (before any array is returned).
+
+    Arrays named in ``skip`` are read and checksummed but not kept (a caller streams them later): for each,
+    the second result holds the SHA-256 of its bytes, which the later read must reproduce.
+    """
     digest = hashlib.sha256(canonical_header(header))
     arrays: dict[str, np.ndarray] = {}
+    skipped: dict[str, str] = {}
     for name in sorted(header["arrays"]):
         spec = header["arrays"][name]
-        arr = np.empty(spec["shape"], dtype=np.dtype(spec["dtype"]))
+        nbytes = spec["nbytes"]
+        keep = name not in skip
+        arr = np.empty(spec["shape"] if keep else 0, dtype=np.dtype(spec["dtype"]))
         view = memoryview(arr.reshape(-1).view(np.uint8))
+        own = hashlib.sha256()
         digest.update(name.encode())
         with zf.open(array_entry(name)) as fh:
             filled = 0
-            while filled < arr.nbytes:
-                chunk = fh.read(min(READ_CHUNK, arr.nbytes - filled))
+            while filled < nbytes:
+                chunk = fh.read(min(READ_CHUNK, nbytes - filled))
                 if not chunk:
                     break
                 digest.update(chunk)
-                view[filled : filled + len(chunk)] = chunk
+                if keep:
+                    view[filled : filled + len(chunk)] = chunk
+                else:
+                    own.update(chunk)
                 filled += len(chunk)
-            if filled != arr.nbytes or fh.read(1):
+            if filled != nbytes or fh.read(1):
                 raise BalerInputError(f"{path} is truncated or corrupted: array {name!r} has the wrong size")
-        arrays[name] = arr
+        if keep:
+            arrays[name] = arr
+        else:
+            skipped[name] = own.hexdigest()
     if digest.hexdigest() != header["checksum_sha256"]:
         raise BalerInputError(f"{path} is corrupted: checksum mismatch")
-    return arrays
+    return arrays, skipped
 
 
-def check_values(arrays: dict[str, np.ndarray], path: Path) -> None:
-    """The stored ranges are finite and ordered (the normaliser's own check follows when it is built)."""
+def check_values(arrays: dict[str, np.ndarray], path: Path, n_positions: int | None = None) -> None:
+    """The stored ranges are finite and ordered, constant columns lie within the ``n_positions`` values of a
+    sample (the normaliser's own check follows when it is built)."""
     lo, hi = arrays["data_min"], arrays["data_max"]
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()) or (lo > hi).any():
         raise BalerInputError(f"{path} is corrupted: the stored data range is not finite or min > max")
+    if "constant_index" in arrays:
+        index, value = arrays["constant_index"], arrays["constant_value"]
+        if (np.diff(index) <= 0).any() or index[0] < 0 or (n_positions is not None and index[-1] >= n_positions):
+            raise BalerInputError(f"{path} is corrupted: constant_index is not increasing within the sample")
+        if not np.isfinite(value).all():
+            raise BalerInputError(f"{path} is corrupted: constant_value holds values that are not finite")
 
 
 def _model_names() -> list[str]:

@@ -12,6 +12,7 @@ import os
 import signal
 import tempfile
 import threading
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,30 +72,10 @@ class Table:
     def set_dtypes(self, dtypes: list[str]) -> None:
         """Describe the columns with ``dtypes`` (numpy numeric type names, Baler's ``type_list`` spelling:
         ``"int"``, ``"float64"``, ...), one per column (one for frames); raise naming a bad or missing one."""
-        expected = 1 if self.is_frames else self.n_columns
-        if len(dtypes) != expected:
-            raise BalerInputError(f"{self.source}: {len(dtypes)} dtypes given for {expected} columns")
-        names = []
-        for d in dtypes:
-            try:
-                kind = np.dtype(str(d))
-            except TypeError:
-                raise BalerInputError(f"{self.source}: unknown column dtype {d!r}") from None
-            if kind.kind not in "fiub":
-                raise BalerInputError(f"{self.source}: column dtype {d!r} is not numeric")
-            names.append(kind.name)
-        self.dtypes = names
+        self.dtypes = column_dtype_names(dtypes, 1 if self.is_frames else self.n_columns, self.source)
 
     def _check_finite(self) -> None:
-        finite = np.isfinite(self.data)
-        if finite.all():
-            return
-        bad = int((~finite).sum())
-        if self.is_frames:
-            raise BalerInputError(f"{self.source}: data contains {bad} non-finite values (NaN/inf)")
-        cols = np.flatnonzero(~finite.all(axis=0))
-        named = ", ".join(repr(self.names[i]) for i in cols[:5])
-        raise BalerInputError(f"{self.source}: data contains {bad} non-finite values (NaN/inf) in column(s) {named}")
+        check_finite(self.data, self.names, self.source)
 
     @property
     def is_frames(self) -> bool:
@@ -130,6 +111,40 @@ class Table:
         return np.result_type(*[np.dtype(d) for d in self.dtypes])
 
 
+def column_dtype_names(dtypes: list[str], expected: int, source: str) -> list[str]:
+    """``dtypes`` as numpy type names (Baler's ``type_list`` spelling accepted: ``"int"``, ``"float64"``, ...);
+    raise naming the source when one is unknown or not numeric, or when there are not ``expected`` of them."""
+    if len(dtypes) != expected:
+        raise BalerInputError(f"{source}: {len(dtypes)} dtypes given for {expected} columns")
+    names = []
+    for d in dtypes:
+        try:
+            kind = np.dtype(str(d))
+        except TypeError:
+            raise BalerInputError(f"{source}: unknown column dtype {d!r}") from None
+        if kind.kind not in "fiub":
+            raise BalerInputError(f"{source}: column dtype {d!r} is not numeric")
+        names.append(kind.name)
+    return names
+
+
+def check_finite(values: np.ndarray, names: list[str], source: str, first_row: int | None = None) -> None:
+    """Raise naming the columns (tables, ``names`` given) when ``values`` holds NaN or inf.
+
+    ``first_row``: the row number of ``values[0]`` in the whole input, named in the message of a streamed block.
+    """
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    bad = int((~finite).sum())
+    where = "" if first_row is None else f" (in rows {first_row}..{first_row + len(values) - 1})"
+    if values.ndim == 3 or not names:
+        raise BalerInputError(f"{source}: data contains {bad} non-finite values (NaN/inf){where}")
+    cols = np.flatnonzero(~finite.all(axis=0))
+    named = ", ".join(repr(names[i]) for i in cols[:5])
+    raise BalerInputError(f"{source}: data contains {bad} non-finite values (NaN/inf) in column(s) {named}{where}")
+
+
 #: Largest integer magnitude float32 represents exactly (2^24).
 FLOAT32_EXACT_INT = 2**24
 #: Largest integer magnitude each float type represents exactly (2^(mantissa bits + 1)).
@@ -149,13 +164,24 @@ def infer_column_dtypes(data: np.ndarray, frames: bool) -> list[str]:
     n = 1 if frames else int(np.prod(arr.shape[1:]))
     if kind.kind != "f":
         return [kind.name] * n
-    limit = EXACT_INT_LIMIT.get(kind.itemsize, 2**53)
-    as_int = np.dtype(f"int{8 * kind.itemsize}").name
-    flat = arr.reshape(arr.shape[0], -1) if not frames else arr.reshape(-1, 1)
+    return dtypes_from_whole(kind, whole_number_columns(arr, frames))
+
+
+def whole_number_columns(data: np.ndarray, frames: bool) -> np.ndarray:
+    """Per column (one entry for frames): True when every value of the float array ``data`` is a whole number
+    within its float type's exact-integer range."""
+    limit = EXACT_INT_LIMIT.get(data.dtype.itemsize, 2**53)
+    flat = data.reshape(data.shape[0], -1) if not frames else data.reshape(-1, 1)
     whole = np.ones(flat.shape[1], dtype=bool)
     for start in range(0, flat.shape[0], 65536):  # bounded temporaries on large tables
         block = flat[start : start + 65536]
         whole &= np.all((block == np.rint(block)) & (np.abs(block) <= limit), axis=0)
+    return whole
+
+
+def dtypes_from_whole(kind: np.dtype, whole: np.ndarray) -> list[str]:
+    """Column dtype names for a float array of ``kind``: an integer of the same width where ``whole``."""
+    as_int = np.dtype(f"int{8 * kind.itemsize}").name
     return [as_int if w else kind.name for w in whole]
 
 
@@ -329,6 +355,36 @@ def write_npz(
     with atomic_output(path, overwrite) as fh:
         np.savez(fh, data=data, names=np.array(names, dtype=str), dtypes=np.array(dtypes, dtype=str))
     return Path(path)
+
+
+@contextlib.contextmanager
+def npz_writer(
+    path: str | os.PathLike, shape: tuple[int, ...], dtype: np.dtype, names: list[str], dtypes: list[str],
+    overwrite: bool = False,
+) -> Iterator:
+    """Write the npz of :func:`write_npz` block by block: yields ``write(block)``, which appends rows (cast to
+    ``dtype``) to the ``data`` member; the file appears (atomically) only when all ``shape[0]`` rows are in."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "fiub":
+        raise BalerInputError(f"refusing to write {path}: data of dtype {dtype} is not numeric")
+    written = 0
+
+    def write(block: np.ndarray) -> None:
+        nonlocal written
+        member.write(memoryview(np.ascontiguousarray(block, dtype=dtype)).cast("B"))
+        written += len(block)
+
+    with atomic_output(path, overwrite) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for key, values in (("names", names), ("dtypes", dtypes)):
+            with zf.open(f"{key}.npy", "w") as small:
+                np.lib.format.write_array(small, np.array(values, dtype=str), allow_pickle=False)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        with zf.open("data.npy", "w", force_zip64=nbytes > 2**31) as member:
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": tuple(shape)}
+            np.lib.format.write_array_header_1_0(member, header)
+            yield write
+            if written != shape[0]:
+                raise BalerInputError(f"{path}: {written} of {shape[0]} rows were written")
 
 
 def save_npz(path: str | os.PathLike, table: Table, overwrite: bool = False) -> Path:

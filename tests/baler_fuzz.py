@@ -186,7 +186,7 @@ def targeted_cases(base: Archive, valid: Path, out: Path) -> dict[str, Path]:
     edit("norm shape of frames", lambda h: h["arrays"]["norm_min"].update(shape=[4, 6]))
     edit("extra array in header", lambda h: h["arrays"].update(evil={"dtype": "<f8", "shape": [1], "nbytes": 8}))
     edit("checksum field missing", lambda h: h.pop("checksum_sha256"), resign=False)
-    edit("format version 2", lambda h: h.update(format_version=2))
+    edit("format version 3", lambda h: h.update(format_version=3))
     edit("n_rows 2^80", lambda h: h.update(n_rows=2**80))
 
     text = json.dumps(base.header).encode()

@@ -223,8 +223,8 @@ def test_checksum_catches_consistent_zip_with_altered_content(synthetic_setup, t
 def test_other_format_version_is_rejected(synthetic_setup, tmp_path):
     _, _, path = synthetic_setup
     bad = tmp_path / "future.baler"
-    _rewrite(path, bad, edit_header=lambda h: h.update(format_version=2, library_version="9.0.0"))
-    _expect_error(bad, "format version 2", tmp_path)
+    _rewrite(path, bad, edit_header=lambda h: h.update(format_version=3, library_version="9.0.0"))
+    _expect_error(bad, "format version 3", tmp_path)
 
 
 def test_not_a_baler_file_is_rejected(tmp_path):

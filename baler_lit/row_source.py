@@ -1,0 +1,285 @@
+"""Input rows read block by block, so ``compress`` needs memory bounded by a block, not by the file.
+
+A :class:`RowSource` describes an input (rows, sample shape, column names and dtypes, where it came from) and
+yields its rows as float64 blocks, each checked for NaN/inf. Three kinds:
+
+- :class:`TableRows`: a :class:`~baler_lit.table.Table` already in memory (ROOT files, Baler's examples);
+- :class:`MappedRows`: a ``.npy`` file, or an uncompressed (``np.savez``) member of an ``.npz`` file, read
+  through a memory map of one block at a time (each map is closed before the next is made, so the
+  resident file pages stay those of one block);
+- :class:`StreamedRows`: a deflated (``np.savez_compressed``) ``.npz`` member, decompressed block by block.
+
+:func:`open_rows` picks one from the file's suffix. The npy header is a trust boundary like the rest: only
+numeric dtypes, no Fortran order on the streamed path, and the declared size must fit in the bytes the
+file actually holds before anything is mapped or allocated.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .errors import BalerInputError
+from .table import Table, check_finite, column_dtype_names, dtypes_from_whole, whole_number_columns
+
+#: Rows read per block when the caller states no block size (bounded further by :data:`BLOCK_VALUES`).
+BLOCK_ROWS = 65536
+#: Most values in one block (float64: 16 MiB).
+BLOCK_VALUES = 2**21
+#: Fixed part of a zip local file header (bytes).
+ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+
+
+class RowSource:
+    """Rows of one input, block by block (see the module docstring). Subclasses implement :meth:`_raw_blocks`."""
+
+    source: str
+    n_rows: int
+    sample_shape: tuple[int, ...]
+    names: list[str]
+    dtypes: list[str]
+    dtypes_inferred: bool = False
+
+    @property
+    def is_frames(self) -> bool:
+        return len(self.sample_shape) == 2
+
+    @property
+    def n_columns(self) -> int:
+        return math.prod(self.sample_shape)
+
+    @property
+    def original_nbytes(self) -> int:
+        """Bytes of the values in their original dtypes (as :attr:`Table.original_nbytes`)."""
+        if self.is_frames:
+            return self.n_rows * self.n_columns * np.dtype(self.dtypes[0]).itemsize
+        return self.n_rows * sum(np.dtype(d).itemsize for d in self.dtypes)
+
+    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        raise NotImplementedError
+
+    def blocks(self, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, float64 values of shape (n, *sample_shape))`` for consecutive blocks of ``rows`` rows
+        (the last may be shorter); raises naming the columns and rows where a block holds NaN or inf."""
+        step = rows or block_rows(self.sample_shape)
+        for start, raw in self._raw_blocks(step):
+            values = raw.astype(np.float64)
+            check_finite(values, self.names, self.source, start)
+            yield start, values
+
+    def to_table(self) -> Table:
+        """All rows in memory, as a :class:`Table`."""
+        data = np.empty((self.n_rows, *self.sample_shape))
+        for start, values in self.blocks():
+            data[start : start + len(values)] = values
+        return Table(data, names=list(self.names), dtypes=list(self.dtypes), source=self.source,
+                     dtypes_inferred=self.dtypes_inferred)  # fmt: skip
+
+
+def block_rows(sample_shape: tuple[int, ...]) -> int:
+    return max(1, min(BLOCK_ROWS, BLOCK_VALUES // math.prod(sample_shape)))
+
+
+class TableRows(RowSource):
+    """A :class:`Table` in memory as a row source (its dtypes and names are shared, not copied)."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.source = table.source
+        self.n_rows = table.n_rows
+        self.sample_shape = table.sample_shape
+        self.names = table.names
+
+    @property
+    def dtypes(self) -> list[str]:  # the caller may describe the table's columns anew (training dtypes)
+        return self.table.dtypes
+
+    @dtypes.setter
+    def dtypes(self, value: list[str]) -> None:
+        self.table.dtypes = value
+
+    @property
+    def dtypes_inferred(self) -> bool:
+        return self.table.dtypes_inferred
+
+    def blocks(self, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        step = rows or block_rows(self.sample_shape)
+        for start in range(0, self.n_rows, step):
+            yield start, self.table.data[start : start + step]  # float64 and finite already
+
+    def to_table(self) -> Table:
+        return self.table
+
+
+def as_row_source(data: Table | RowSource) -> RowSource:
+    return data if isinstance(data, RowSource) else TableRows(data)
+
+
+class _NpyArray(RowSource):
+    """Shared description of an on-disk npy array: shape, dtype, names and dtypes (stated or inferred)."""
+
+    def _describe(self, shape: tuple[int, ...], dtype: np.dtype, names: list[str], dtypes: list[str]) -> None:
+        if len(shape) not in (2, 3):
+            raise BalerInputError(f"{self.source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got "
+                                  f"shape {shape}")  # fmt: skip
+        if 0 in shape:
+            raise BalerInputError(f"{self.source}: data is empty (shape {shape})")
+        if dtype.kind not in "fiub" or dtype.fields is not None or dtype.subdtype is not None:
+            raise BalerInputError(f"{self.source}: data must be numeric, got dtype {dtype}")
+        self.n_rows = int(shape[0])
+        self.sample_shape = tuple(int(s) for s in shape[1:])
+        self.dtype = dtype
+        n = 1 if self.is_frames else self.n_columns
+        if self.is_frames:
+            names = []
+        elif not names:
+            names = [f"col_{i}" for i in range(n)]
+        elif len(names) != n:
+            raise BalerInputError(f"{self.source}: {len(names)} column names for {n} columns (column-count mismatch)")
+        self.names = names
+        if dtypes:
+            self.dtypes = column_dtype_names(dtypes, n, self.source)
+        else:  # Baler's plain layout: the array's dtype, integer-valued float columns detected (one pass)
+            self.dtypes = self._infer_dtypes() if dtype.kind == "f" else [dtype.name] * n
+            self.dtypes_inferred = True
+
+    def _infer_dtypes(self) -> list[str]:
+        whole = np.ones(1 if self.is_frames else self.n_columns, dtype=bool)
+        for _, raw in self._raw_blocks(block_rows(self.sample_shape)):
+            whole &= whole_number_columns(raw, self.is_frames)
+        return dtypes_from_whole(self.dtype, whole)
+
+
+def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, header bytes) of the npy stream at ``fh``'s position; the data must fit in ``available``."""
+    start = fh.tell()
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"npy format version {version} is not supported")
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise BalerInputError(f"cannot read {source} as .npy: {' '.join(str(exc).split())[:200]}") from None
+    if fortran:
+        raise BalerInputError(f"{source}: Fortran-ordered arrays are not supported; save the array in C order")
+    header_bytes = fh.tell() - start
+    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.hasobject:
+        raise BalerInputError(f"{source}: data must be numeric, got dtype {dtype}")
+    if len(shape) not in (2, 3) or any(not isinstance(s, int) or s < 0 for s in shape):
+        raise BalerInputError(f"{source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got shape {shape}")
+    if math.prod(shape) * dtype.itemsize > available - header_bytes:
+        raise BalerInputError(f"{source} is truncated: its header declares {shape} of {dtype}, more than the file holds")
+    return tuple(shape), dtype, header_bytes
+
+
+class MappedRows(_NpyArray):
+    """A C-ordered npy array at ``offset`` in ``path``, mapped one block at a time."""
+
+    def __init__(self, path: Path, offset: int, available: int, source: str, names: list[str],
+                 dtypes: list[str]) -> None:  # fmt: skip
+        self.path = path
+        self.source = source
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            shape, dtype, header_bytes = _read_npy_header(fh, source, available)
+        self.data_offset = offset + header_bytes
+        self._describe(shape, dtype, names, dtypes)
+
+    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        row_bytes = self.n_columns * self.dtype.itemsize
+        for start in range(0, self.n_rows, rows):
+            n = min(rows, self.n_rows - start)
+            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
+                               shape=(n, *self.sample_shape))  # fmt: skip
+            try:
+                yield start, mapped
+            finally:
+                mapped._mmap.close()  # unmap now: the resident pages stay those of one block
+                del mapped
+
+
+class StreamedRows(_NpyArray):
+    """A deflated npz member, decompressed block by block (one pass per :meth:`blocks` call)."""
+
+    def __init__(self, path: Path, member: str, source: str, names: list[str], dtypes: list[str]) -> None:
+        self.path = path
+        self.member = member
+        self.source = source
+        with zipfile.ZipFile(path) as zf, zf.open(member) as fh:
+            shape, dtype, self.header_bytes = _read_npy_header(fh, source, zf.getinfo(member).file_size)
+        self._describe(shape, dtype, names, dtypes)
+
+    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        row_bytes = self.n_columns * self.dtype.itemsize
+        with zipfile.ZipFile(self.path) as zf, zf.open(self.member) as fh:
+            fh.read(self.header_bytes)
+            for start in range(0, self.n_rows, rows):
+                n = min(rows, self.n_rows - start)
+                raw = fh.read(n * row_bytes)
+                if len(raw) != n * row_bytes:
+                    raise BalerInputError(f"{self.source} is truncated at row {start}")
+                yield start, np.frombuffer(raw, dtype=self.dtype).reshape(n, *self.sample_shape)
+
+
+def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:
+    """Where a stored zip member's bytes start in the file (after its local header, whose extra field may differ
+    from the central directory's)."""
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        fields = ZIP_LOCAL_HEADER.unpack(fh.read(ZIP_LOCAL_HEADER.size))
+    if fields[0] != b"PK\x03\x04":
+        raise BalerInputError(f"{path} is corrupted: bad local header for {info.filename}")
+    return info.header_offset + ZIP_LOCAL_HEADER.size + fields[9] + fields[10]
+
+
+def _npz_strings(npz, key: str, path: Path) -> list[str]:
+    if key not in npz.files:
+        return []
+    arr = npz[key]
+    if arr.size and arr.dtype.kind not in "US":
+        raise BalerInputError(f"input {path}: {key!r} must be strings, got dtype {arr.dtype}")
+    return [str(v) for v in arr.tolist()]
+
+
+def open_rows(
+    path: str | os.PathLike,
+    npz_key: str = "data",
+    root_tree: str | None = None,
+    root_branches=None,
+    root_prefix: str | None = None,
+) -> RowSource:
+    """A row source for ``path``: ``.npy`` and ``.npz`` stream (see the module docstring); ROOT files and
+    ``example:`` names are read into memory by :func:`~baler_lit.sources.load_table`."""
+    from .sources import existing_file, load_table
+
+    if str(path).startswith("example:") or Path(path).suffix.lower() not in (".npy", ".npz"):
+        return TableRows(load_table(path, npz_key, root_tree, root_branches, root_prefix))
+    p = existing_file(path)
+    size = p.stat().st_size
+    if p.suffix.lower() == ".npy":
+        return MappedRows(p, 0, size, str(p), [], [])
+    try:
+        with np.load(p, allow_pickle=False) as npz:
+            if not isinstance(npz, np.lib.npyio.NpzFile):
+                raise BalerInputError(f"input {p} is not an .npz archive")
+            if npz_key not in npz.files:
+                raise BalerInputError(f"input {p} has no array {npz_key!r} (arrays: {', '.join(npz.files) or 'none'})")
+            names, dtypes = _npz_strings(npz, "names", p), _npz_strings(npz, "dtypes", p)
+        with zipfile.ZipFile(p) as zf:
+            info = zf.getinfo(f"{npz_key}.npy")
+        if info.compress_type == zipfile.ZIP_STORED:
+            return MappedRows(p, _member_data_offset(p, info), info.file_size, str(p), names, dtypes)
+        return StreamedRows(p, info.filename, str(p), names, dtypes)
+    except BalerInputError:
+        raise
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise BalerInputError(f"cannot read {p} as .npz: {' '.join(str(exc).split())[:200]}") from None
