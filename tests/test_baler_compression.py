@@ -87,9 +87,13 @@ def test_round_trip_on_real_nanoaod_jets(tmp_path):
     # column's range, or of its magnitude for constant columns) and integer columns, which are rounded and
     # clipped to the observed range, to at most one unit (a value at an exact .5 boundary may round either way).
     model_out = _model_reconstruction(module, table)
-    floats = ~ints
-    scale = np.maximum(span, np.abs(table.data).max(axis=0))[floats]
+    floats = ~ints & (span > 0)
+    scale = span[floats]
     assert np.all(np.abs(restored.data[:, floats] - model_out[:, floats]) <= 1e-5 * scale)
+    # constant columns come from the file's header part, not from the network: exactly
+    constant = span == 0
+    assert constant.sum() >= 1 and result.constant_columns == constant.sum()
+    assert np.array_equal(restored.data[:, constant], table.data[:, constant])
     expected_ints = np.clip(np.rint(model_out[:, ints]), table.data[:, ints].min(0), table.data[:, ints].max(0))
     assert np.all(np.abs(restored.data[:, ints] - expected_ints) <= 1)
     # Bound 2: the trained model beats predicting each column's mean (normalised RMS = std / range) on

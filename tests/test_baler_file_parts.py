@@ -1,0 +1,270 @@
+"""Format version 2 of the ``.baler`` file: constant columns stored exactly, error-bound corrections that hold
+for every value, streaming compress/decompress, old files still read, hostile corrections refused."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from baler_conftest_helpers import one_thread  # noqa: F401 (a fixture)
+
+from baler_lit.compression import compress, decode, decompress, decompress_to_file, read_compressed
+from baler_lit.error_bound import ErrorBound
+from baler_lit.errors import BalerInputError
+from baler_lit.file_format import checksum
+from baler_lit.models import build_model
+from baler_lit.normalization import MinMaxNormalizer
+from baler_lit.row_source import open_rows
+from baler_lit.synthetic import synthetic_cms_jets
+from baler_lit.table import Table
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _trained(table: Table, latent: int, steps: int = 150, model: str = "AE", **kwargs):
+    """A briefly trained model (float32) and its normaliser: an imperfect reconstruction, as in real use."""
+    torch.manual_seed(0)
+    norm = MinMaxNormalizer.fit(table.data)
+    net = build_model(model, table.sample_shape, latent, **kwargs)
+    x = torch.from_numpy(norm.transform(table.data, np.float32))
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.mean((net(x) - x) ** 2)
+        loss.backward()
+        opt.step()
+    return net.eval(), norm
+
+
+def _with_constant_columns(rows: int = 800) -> Table:
+    """Synthetic jets plus constant columns that a network restores only approximately (large offsets,
+    negative, integer, one whose float32 neighbours are far apart)."""
+    jets = synthetic_cms_jets(rows, seed=5)
+    constants = {"run": (297050.0, "int64"), "offset": (1.0e15 + 0.125, "float64"), "neg": (-3.75, "float32"),
+                 "zero": (0.0, "float32")}  # fmt: skip
+    data = np.column_stack([jets.data, *[np.full(rows, v) for v, _ in constants.values()]])
+    return Table(data, names=[*jets.names, *constants], dtypes=[*jets.dtypes, *(d for _, d in constants.values())],
+                 source="jets+constants")  # fmt: skip
+
+
+def test_constant_columns_are_restored_exactly_not_through_the_network(tmp_path):
+    table = _with_constant_columns()
+    model, norm = _trained(table, latent=10)
+    result = compress(model, norm, table, tmp_path / "c.baler", "float16")
+    assert result.constant_columns == 4
+    restored = decompress(tmp_path / "c.baler").data
+    assert np.array_equal(restored[:, -4:], table.data[:, -4:])  # bit for bit, whatever the network says
+    header = read_compressed(tmp_path / "c.baler").header
+    assert header["constants"] == {"count": 4} and header["format_version"] == 2
+
+
+def test_constant_pixels_of_frames_are_restored_exactly(tmp_path):
+    rng = np.random.default_rng(1)
+    frames = rng.normal(size=(40, 8, 8))
+    frames[:, 0, :] = 7.5  # a wall of the flow field that never changes
+    frames[:, 3, 3] = -1e9
+    table = Table(frames, source="frames")
+    model, norm = _trained(table, latent=8, steps=20, model="CFD_dense_AE")
+    result = compress(model, norm, table, tmp_path / "f.baler", "float32")
+    assert result.constant_columns == 9
+    restored = decompress(tmp_path / "f.baler").data
+    assert np.all(restored[:, 0, :] == 7.5) and np.all(restored[:, 3, 3] == -1e9)
+
+
+def _adversarial(rows: int = 1500) -> Table:
+    """Values a bounded-error compressor must get right: heavy tails, signs, values near and at zero, a huge
+    dynamic range inside one column, a single far outlier, integers and float32 columns."""
+    rng = np.random.default_rng(13)
+    cols = {
+        "cauchy": rng.standard_cauchy(rows),
+        "tiny": rng.normal(size=rows) * 1e-6,
+        "zeros_and_ones": (rng.random(rows) < 0.5).astype(float),
+        "span_1e-3_to_1e6": np.exp(rng.uniform(np.log(1e-3), np.log(1e6), rows)) * rng.choice([-1, 1], rows),
+        "outlier": np.where(np.arange(rows) == rows // 2, 1e8, rng.normal(size=rows)),
+        "counts": rng.poisson(3, rows).astype(float),
+        "f32": rng.normal(100, 5, rows).astype(np.float32).astype(float),
+    }
+    return Table(np.column_stack(list(cols.values())), names=list(cols),
+                 dtypes=["float64", "float64", "int32", "float64", "float64", "int64", "float32"],
+                 source="adversarial")  # fmt: skip
+
+
+@pytest.mark.parametrize("bound", [ErrorBound(relative=0.1), ErrorBound(absolute=0.05),
+                                   ErrorBound(relative=0.01, absolute=1e-3), ErrorBound(relative=0.0)])  # fmt: skip
+def test_error_bound_holds_for_every_value(tmp_path, bound):
+    table = _adversarial()
+    model, norm = _trained(table, latent=3, steps=60)
+    path = tmp_path / "bounded.baler"
+    result = compress(model, norm, table, path, "float16", error_bound=bound)
+    restored = decompress(path).data
+    allowed = bound.allowed(table.data)
+    assert np.all(np.abs(restored - table.data) <= allowed)  # every value, not most
+    # the network alone misses the bound somewhere (else the test would prove nothing) ...
+    unbounded = decompress_values(model, norm, table, tmp_path / "plain.baler")
+    missed = np.abs(unbounded - table.data) > allowed
+    assert missed.any()
+    # ... and the file stores corrections for those values only, compactly, and says what they cost
+    assert 0 < result.corrections <= result.n_values == table.data.size
+    assert result.corrections >= missed.sum()  # the same decoder output: every miss is corrected
+    assert result.corrected_share == pytest.approx(result.corrections / table.data.size)
+    header = read_compressed(path).header
+    spec = header["corrections"]
+    assert spec["count"] == result.corrections and spec["relative"] == bound.relative
+    stored = header["arrays"]["corrections_index"]["nbytes"] + header["arrays"]["corrections_value"]["nbytes"]
+    assert result.corrections_bytes == stored < result.corrections * 16  # zlib beats raw index + float64
+
+
+def decompress_values(model, norm, table, path) -> np.ndarray:
+    compress(model, norm, table, path, "float16", overwrite=True)
+    return decompress(path).data
+
+
+def test_a_loose_bound_corrects_nothing_and_a_zero_bound_restores_the_data_exactly(tmp_path):
+    table = _adversarial(400)
+    model, norm = _trained(table, latent=3, steps=30)
+    loose = compress(model, norm, table, tmp_path / "loose.baler", "float16", error_bound=ErrorBound(absolute=1e12))
+    assert loose.corrections == 0
+    assert np.array_equal(decompress(tmp_path / "loose.baler").data, decompress_values(model, norm, table,
+                                                                                       tmp_path / "p.baler"))
+    exact = compress(model, norm, table, tmp_path / "exact.baler", error_bound=ErrorBound(absolute=0.0))
+    assert np.array_equal(decompress(tmp_path / "exact.baler").data, table.data)
+    assert exact.corrections > 0.5 * table.data.size
+
+
+def test_streaming_decompress_writes_what_decompress_returns(tmp_path):
+    table = _adversarial(5000)  # several decode chunks (4096 rows each)
+    model, norm = _trained(table, latent=3, steps=30)
+    compress(model, norm, table, tmp_path / "s.baler", error_bound=ErrorBound(relative=0.05))
+    in_memory = decompress(tmp_path / "s.baler")
+    result = decompress_to_file(tmp_path / "s.baler", tmp_path / "s.npz")
+    with np.load(tmp_path / "s.npz", allow_pickle=False) as npz:
+        assert np.array_equal(npz["data"], in_memory.data.astype(npz["data"].dtype))
+        assert list(npz["names"]) == table.names and list(npz["dtypes"]) == table.dtypes
+    assert result.n_rows == 5000
+
+
+@pytest.mark.parametrize("layout", ["npy", "npz", "npz_compressed"])
+def test_compress_from_a_streamed_file_equals_compress_from_memory(tmp_path, layout):
+    table = synthetic_cms_jets(9000, seed=2)
+    model, norm = _trained(table, latent=8, steps=10)
+    data = table.data.astype(np.float32)
+    path = tmp_path / f"in.{layout.split('_')[0]}"
+    if layout == "npy":
+        np.save(path, data)
+    else:
+        save = np.savez_compressed if layout == "npz_compressed" else np.savez
+        save(path, data=data, names=np.array(table.names))
+    rows = open_rows(path)
+    assert rows.n_rows == 9000 and rows.names == (table.names if layout != "npy" else rows.names)
+    compress(model, norm, rows, tmp_path / "streamed.baler", error_bound=ErrorBound(relative=0.1))
+    reference = Table(data, names=table.names if layout != "npy" else [], source="memory",
+                      dtypes=rows.dtypes)  # fmt: skip
+    compress(model, norm, reference, tmp_path / "memory.baler", error_bound=ErrorBound(relative=0.1))
+    a, b = read_compressed(tmp_path / "streamed.baler"), read_compressed(tmp_path / "memory.baler")
+    assert np.array_equal(a.arrays["latent"], b.arrays["latent"])
+    assert a.header["corrections"]["count"] == b.header["corrections"]["count"]
+    assert np.array_equal(decode(a), decode(b))
+
+
+def test_streamed_input_with_nan_names_the_column_and_rows(tmp_path):
+    data = np.ones((100, 3))
+    data[70, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", data=data, names=np.array(["a", "b", "c"]))
+    table = synthetic_cms_jets(50)
+    model = build_model("AE", (3,), 2)
+    norm = MinMaxNormalizer.fit(np.ones((4, 3)) * np.arange(4)[:, None])
+    with pytest.raises(BalerInputError, match=r"'b'.*rows 0\.\.99"):
+        compress(model, norm, open_rows(tmp_path / "nan.npz"), tmp_path / "x.baler")
+    assert not (tmp_path / "x.baler").exists() and table.n_rows == 50
+
+
+# -- old files, hostile corrections ------------------------------------------------------------------------
+def _entries(path):
+    with zipfile.ZipFile(path) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+def _write(path, entries, header):
+    arrays = {n: np.frombuffer(entries[f"arrays/{n}.bin"], dtype=np.dtype(spec["dtype"]))
+              for n, spec in header["arrays"].items()}  # fmt: skip
+    header["checksum_sha256"] = checksum(header, arrays)
+    entries = {**entries, "header.json": json.dumps(header).encode()}
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data in entries.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bounded_file(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bounded")
+    table = _adversarial(600)
+    model, norm = _trained(table, latent=3, steps=30)
+    compress(model, norm, table, tmp / "b.baler", error_bound=ErrorBound(relative=0.1))
+    return table, tmp / "b.baler"
+
+
+def test_format_version_1_files_still_read(tmp_path):
+    table = synthetic_cms_jets(300, seed=4)
+    model, norm = _trained(table, latent=6, steps=5)
+    compress(model, norm, table, tmp_path / "v2.baler")
+    entries = _entries(tmp_path / "v2.baler")
+    header = json.loads(entries["header.json"])
+    assert header["constants"]["count"] == 0 and header["corrections"] is None
+    for key in ("constants", "corrections"):
+        header.pop(key)
+    header["format_version"] = 1  # exactly what version 1 wrote
+    old = _write(tmp_path / "v1.baler", entries, header)
+    assert np.array_equal(decompress(old).data, decompress(tmp_path / "v2.baler").data)
+
+
+def test_version_1_file_cannot_smuggle_version_2_parts(bounded_file, tmp_path):
+    _, path = bounded_file
+    entries = _entries(path)
+    header = json.loads(entries["header.json"])
+    header["format_version"] = 1
+    with pytest.raises(BalerInputError, match="corrections_index.*not an array of the format"):
+        decompress(_write(tmp_path / "smuggled.baler", entries, header))
+
+
+def _resigned_corrections(path, tmp_path, name, index=None, values=None, edit=None):
+    entries = _entries(path)
+    header = json.loads(entries["header.json"])
+    for key, blob in (("corrections_index", index), ("corrections_value", values)):
+        if blob is not None:
+            entries[f"arrays/{key}.bin"] = blob
+            header["arrays"][key].update(shape=[len(blob)], nbytes=len(blob))
+    if edit:
+        edit(header)
+    return _write(tmp_path / f"{name}.baler", entries, header)
+
+
+@pytest.mark.parametrize("case", ["beyond the data", "count too large", "count too small", "not zlib",
+                                  "trailing bytes", "nan value", "count beyond values"])  # fmt: skip
+def test_hostile_corrections_are_refused_with_one_line_and_no_output(bounded_file, tmp_path, case):
+    table, path = bounded_file
+    header = read_compressed(path).header
+    count = header["corrections"]["count"]
+    n_values = table.data.size
+    gaps = np.zeros(count, dtype="<u8")
+    cases = {
+        "beyond the data": dict(index=zlib.compress(np.concatenate([gaps[:-1], [n_values]]).astype("<u8").tobytes())),
+        "count too large": dict(edit=lambda h: h["corrections"].update(count=count + 1)),
+        "count too small": dict(edit=lambda h: h["corrections"].update(count=count - 1)),
+        "not zlib": dict(index=b"\x00" * 64),
+        "trailing bytes": dict(index=_entries(path)["arrays/corrections_index.bin"] + b"\x00"),
+        "nan value": dict(values=zlib.compress(np.full(count, np.nan, dtype=header["corrections"]["value_dtype"])
+                                               .tobytes())),  # fmt: skip
+        "count beyond values": dict(edit=lambda h: h["corrections"].update(count=n_values + 1)),
+    }
+    bad = _resigned_corrections(path, tmp_path, "bad", **cases[case])
+    out = tmp_path / "out.npz"
+    for restore in (lambda: decompress(bad, out), lambda: decompress_to_file(bad, out)):
+        with pytest.raises(BalerInputError, match="corrupted|invalid header") as info:
+            restore()
+        assert "\n" not in str(info.value)
+        assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
