@@ -5,11 +5,15 @@
 ``input_shape`` is linked to the model's). Three more subcommands work on files::
 
     baler-lit compress   --ckpt best.ckpt --input data.npz --output data.baler [--latent-dtype float32]
+                         [--max-relative-error 0.1] [--max-absolute-error 0.01]
     baler-lit decompress --input data.baler --output restored.npz
     baler-lit evaluate   --original data.npz --restored restored.npz --out report/ [--compressed data.baler]
     baler-lit diagnose   --ckpt best.ckpt --input data.npz --out diagnose/ [--tensorboard DIR]
+    baler-lit info       data.baler [--json]
 
-``compress``, ``decompress``, ``evaluate`` and ``diagnose`` never import Lightning: a checkpoint is read with
+``compress`` and ``decompress`` stream ``.npy``/``.npz`` data block by block (memory does not grow with the
+row count). ``compress``, ``decompress``, ``evaluate``, ``diagnose`` and ``info`` never import Lightning: a
+checkpoint is read with
 ``torch.load(weights_only=True)`` and the model is rebuilt from its hyper-parameters
 (:func:`load_checkpoint`), so these commands start in about the time torch takes to import.
 
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
     from .models import BalerAutoencoder
     from .normalization import MinMaxNormalizer
 
-TOOLS = ("compress", "decompress", "evaluate", "diagnose")
+TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info")
 EXIT_BAD_INPUT = 2
 
 
@@ -68,6 +72,13 @@ def _tool_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--strict", action="store_true",
                    help="refuse input outside the checkpoint's normalisation range instead of warning")
+    c.add_argument("--max-relative-error", type=float, default=None, metavar="FRACTION",
+                   help="guarantee |restored - original| <= FRACTION x |original| for every value (0.1 = 10 %%;"
+                   " Baler's error_bounded_requirement is in percent): values the network misses are stored"
+                   " exactly in the file")
+    c.add_argument("--max-absolute-error", type=float, default=None, metavar="VALUE",
+                   help="guarantee |restored - original| <= VALUE (the column's units) for every value; with"
+                   " --max-relative-error the larger of the two limits applies")
     _add_root_options(c, "data")
 
     d = sub.add_parser("decompress", help="restore a .baler file to an .npz file")
@@ -83,6 +94,10 @@ def _tool_parser() -> argparse.ArgumentParser:
     e.add_argument("--tensorboard", default=None, help="also write the figures and scalars to this TensorBoard dir")
     e.add_argument("--overwrite", action="store_true", help="write into an existing report folder")
     _add_root_options(e, "original data")
+
+    i = sub.add_parser("info", help="what a .baler file holds: columns, model, sizes of its parts, ratio, error")
+    i.add_argument("file", help="compressed file (.baler)")
+    i.add_argument("--json", action="store_true", help="print the description as JSON")
 
     g = sub.add_parser("diagnose", help="per-layer activation statistics of a trained model (Baler's diagnose)")
     g.add_argument("--ckpt", required=True, help="Lightning checkpoint of a BalerModule")
@@ -170,7 +185,7 @@ def _compress(args: argparse.Namespace) -> str:
 
     check_output(args.output, args.overwrite)
     module = load_checkpoint(args.ckpt)
-    table = _load_for_model(module, args)
+    table = _load_for_model(module, args, stream=True)
     names = module.column_names
     if (
         names and not table.is_frames and not _auto_names(names) and not _auto_names(table.names)
@@ -182,30 +197,46 @@ def _compress(args: argparse.Namespace) -> str:
             f" first difference at column {diff}"
         )
     _adopt_training_dtypes(table, module.column_dtypes)
+    bound = None
+    if args.max_relative_error is not None or args.max_absolute_error is not None:
+        from .error_bound import ErrorBound
+
+        bound = ErrorBound(args.max_relative_error, args.max_absolute_error)
     result = compress(
         module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
-        strict=args.strict,
+        strict=args.strict, error_bound=bound,
     )
     for line in result.warnings:
         print(f"baler-lit compress: warning: {line}", file=sys.stderr)
-    return (
+    lines = [
         f"compressed {result.n_rows} rows of {table.source} → {result.path}: {result.file_bytes} bytes"
         f" (original {result.original_bytes} bytes, ratio {result.ratio:.3f}, latent {result.latent_dim}"
-        f" × {result.latent_dtype}) in {result.seconds:.3f} s\n"
+        f" × {result.latent_dtype}) in {result.seconds:.3f} s",
         f"round-trip error measured on {result.roundtrip_rows} of the rows just compressed: mean normalised RMS"
-        f" {result.roundtrip_mean_norm_rms:.4g}, worst column {result.roundtrip_max_norm_rms:.4g}"
-    )
+        f" {result.roundtrip_mean_norm_rms:.4g}, worst column {result.roundtrip_max_norm_rms:.4g}",
+    ]
+    if result.constant_columns:
+        lines.append(f"{result.constant_columns} constant column(s) stored exactly")
+    if bound is not None:
+        lines.append(
+            f"error bound {bound.describe()} holds for every value: {result.corrections} of {result.n_values} values"
+            f" corrected ({100 * result.corrected_share:.3g} %), {result.corrections_bytes} bytes"
+            f" ({100 * result.corrections_bytes / result.file_bytes:.1f} % of the file)"
+        )
+    return "\n".join(lines)
 
 
-def _load_for_model(module: TrainedModel, args: argparse.Namespace):
-    """Read ``args.input``; a ROOT file without a branch choice gives the training columns in training order."""
+def _load_for_model(module: TrainedModel, args: argparse.Namespace, stream: bool = False):
+    """Read ``args.input`` (a row source streaming from disk if ``stream``, else a Table); a ROOT file without a
+    branch choice gives the training columns in training order."""
+    from .row_source import open_rows
     from .sources import load_table
 
     branches = args.root_branches
     if branches is None and args.root_prefix is None and Path(args.input).suffix.lower() == ".root":
         if module.column_names and not _auto_names(module.column_names):
             branches = module.column_names
-    return load_table(args.input, args.npz_key, args.root_tree, branches, args.root_prefix)
+    return (open_rows if stream else load_table)(args.input, args.npz_key, args.root_tree, branches, args.root_prefix)
 
 
 def _adopt_training_dtypes(table, training_dtypes: Sequence[str]) -> None:
@@ -228,10 +259,19 @@ def _diagnose(args: argparse.Namespace) -> str:
 
 
 def _decompress(args: argparse.Namespace) -> str:
-    from .compression import decompress
+    from .compression import decompress_to_file
 
-    table = decompress(args.input, args.output, overwrite=args.overwrite)
-    return f"restored {table.n_rows} rows of shape {table.sample_shape} → {args.output}"
+    result = decompress_to_file(args.input, args.output, overwrite=args.overwrite)
+    return f"restored {result.n_rows} rows of shape {result.sample_shape} → {args.output} in {result.seconds:.3f} s"
+
+
+def _info(args: argparse.Namespace) -> str:
+    import json
+
+    from .info import file_info, format_info
+
+    info = file_info(args.file)
+    return json.dumps(info, indent=1) if args.json else format_info(info)
 
 
 def _evaluate(args: argparse.Namespace) -> str:
@@ -247,11 +287,10 @@ def _evaluate(args: argparse.Namespace) -> str:
 
 
 def run_tool(argv: Sequence[str]) -> int:
-    """Run ``compress``, ``decompress``, ``evaluate`` or ``diagnose``; return the exit code."""
+    """Run ``compress``, ``decompress``, ``evaluate``, ``diagnose`` or ``info``; return the exit code."""
     args = _tool_parser().parse_args(list(argv))
-    action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose}[
-        args.command
-    ]
+    action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose,
+              "info": _info}[args.command]  # fmt: skip
     try:
         message = action(args)
     except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for
@@ -340,7 +379,7 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             args=None if argv is None else list(argv),
             parser_kwargs={
                 "description": "Baler autoencoder compression with PyTorch Lightning. Also: baler-lit compress|"
-                "decompress|evaluate --help"
+                "decompress|evaluate|diagnose|info --help"
             },
         )
     except (BalerInputError, MisconfigurationException) as exc:  # a setting that cannot work: the user's to fix

@@ -150,6 +150,26 @@ def tradeoff(original: Table, compressed: CompressedFile) -> list[dict[str, Any]
     return rows
 
 
+def file_parts(original: Table, restored: Table, compressed: CompressedFile) -> dict[str, Any]:
+    """Constant columns and error-bound corrections of ``compressed``: their count, share and size (bytes), and
+    the values of ``restored`` measured over the file's bound (0 when the guarantee holds)."""
+    from .error_bound import ErrorBound
+
+    h = compressed.header
+    parts: dict[str, Any] = {"constant_columns": h.get("constants", {}).get("count", 0), "error_bound": None}
+    spec = h.get("corrections")
+    if spec is not None:
+        bound = ErrorBound(spec["relative"], spec["absolute"])
+        nbytes = sum(h["arrays"][k]["nbytes"] for k in ("corrections_index", "corrections_value"))
+        over = np.abs(restored.data - original.data) > bound.allowed(original.data)
+        parts["error_bound"] = {
+            "relative": spec["relative"], "absolute": spec["absolute"], "corrections": spec["count"],
+            "corrected_share": spec["count"] / original.data.size, "bytes": nbytes,
+            "file_share": nbytes / compressed.file_bytes, "values_over_bound": int(over.sum()),
+        }  # fmt: skip
+    return parts
+
+
 def check_compressed_matches(original: Table, compressed: CompressedFile) -> None:
     """Raise a clear error when ``compressed`` does not hold ``original``'s rows and columns."""
     h = compressed.header
@@ -326,6 +346,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         mark = " (stored)" if t["stored"] else ""
         error = "not representable" if t["mean_norm_rms"] is None else f"{t['mean_norm_rms']:.5f}"
         lines.append(f"  latent {t['latent_dtype']:<8} ratio {t['ratio']:7.3f}  error {error}{mark}")
+    if summary.get("constant_columns"):
+        lines.append(f"constant columns stored exactly in the file: {summary['constant_columns']}")
+    bound = summary.get("error_bound")
+    if bound:
+        lines.append(
+            f"error bound (relative {bound['relative']}, absolute {bound['absolute']}): {bound['corrections']} values"
+            f" corrected ({100 * bound['corrected_share']:.3g} %), {bound['bytes']} bytes"
+            f" ({100 * bound['file_share']:.1f} % of the file); values over the bound here: {bound['values_over_bound']}"
+        )
     return "\n".join(lines)
 
 
@@ -391,6 +420,7 @@ def evaluate(
         summary["compression_ratio"] = compressed.header["original_bytes"] / compressed.file_bytes
         summary["file_bytes"] = compressed.file_bytes
         summary["tradeoff"] = tradeoff(original, compressed)
+        summary.update(file_parts(original, restored, compressed))
     figs = _figures(original, restored, summary["tradeoff"])
     import matplotlib.pyplot as plt
 

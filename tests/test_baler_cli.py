@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -178,3 +179,46 @@ def test_root_jets_through_the_cli_reuse_the_training_branches(tmp_path, monkeyp
     capsys.readouterr()
     _bad(["compress", "--ckpt", str(ckpt), "--input", str(NANOAOD), "--output", str(tmp_path / "x.baler"),
           "--root-branches", "Jet_pt", "Jet_eta"], "column", capsys, tmp_path / "x.baler")  # fmt: skip
+
+
+def test_error_bound_options_info_and_evaluate_through_the_cli(trained, tmp_path, capsys):
+    _, ckpt, data = trained
+    baler, restored = tmp_path / "b.baler", tmp_path / "b.npz"
+    assert main(["compress", "--ckpt", str(ckpt), "--input", str(data), "--output", str(baler),
+                 "--max-relative-error", "0.05", "--max-absolute-error", "0.01"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "holds for every value" in out and "values corrected" in out
+    assert main(["decompress", "--input", str(baler), "--output", str(restored)]) == 0
+    with np.load(data, allow_pickle=False) as a, np.load(restored, allow_pickle=False) as b:
+        x, y = a["data"].astype(np.float64), b["data"].astype(np.float64)
+    assert np.all(np.abs(y - x) <= np.maximum(0.05 * np.abs(x), 0.01))
+    capsys.readouterr()
+    assert main(["evaluate", "--original", str(data), "--restored", str(restored), "--out", str(tmp_path / "rep"),
+                 "--compressed", str(baler)]) == 0  # fmt: skip
+    assert "values over the bound here: 0" in capsys.readouterr().out
+    assert main(["info", str(baler), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["rows"] == 1200 and len(info["columns"]) == 24 and info["format_version"] == 2
+    assert info["corrections"]["count"] > 0 and info["corrections"]["relative_bound"] == 0.05
+    assert sum(info["parts_bytes"].values()) == info["file_bytes"] == baler.stat().st_size
+    assert info["ratio"] == pytest.approx(info["original_bytes"] / info["file_bytes"])
+    assert main(["info", str(baler)]) == 0
+    text = capsys.readouterr().out
+    assert "latent" in text and "corrections" in text and "pt (float32)" in text
+
+
+def test_info_never_imports_lightning_and_refuses_a_bad_file_in_one_line(trained, tmp_path, capsys):
+    _, ckpt, data = trained
+    baler = tmp_path / "i.baler"
+    assert main(["compress", "--ckpt", str(ckpt), "--input", str(data), "--output", str(baler)]) == 0
+    script = ("import sys\nfrom baler_lit.cli import main\n"
+              f"assert main(['info', {str(baler)!r}]) == 0\n"
+              "print('LIGHTNING', sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "LIGHTNING []" in proc.stdout and "ratio" in proc.stdout
+    capsys.readouterr()
+    cut = tmp_path / "cut.baler"
+    cut.write_bytes(baler.read_bytes()[:-200])
+    for bad, match in ((cut, "truncated"), (tmp_path / "none.baler", "does not exist"), (data, "not a baler-lit")):
+        _bad(["info", str(bad)], match, capsys)
