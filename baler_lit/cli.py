@@ -93,6 +93,8 @@ def _tool_parser() -> argparse.ArgumentParser:
     e.add_argument("--compressed", default=None, help=".baler file: adds the ratio and the ratio/error trade-off")
     e.add_argument("--tensorboard", default=None, help="also write the figures and scalars to this TensorBoard dir")
     e.add_argument("--overwrite", action="store_true", help="write into an existing report folder")
+    e.add_argument("--no-plots", action="store_true",
+                   help="summary only (text and summary.json): no figures, so no matplotlib (~4 s quicker)")
     _add_root_options(e, "original data")
 
     i = sub.add_parser("info", help="what a .baler file holds: columns, model, sizes of its parts, ratio, error")
@@ -282,7 +284,8 @@ def _evaluate(args: argparse.Namespace) -> str:
     original = load_table(args.original, args.npz_key, args.root_tree, args.root_branches, args.root_prefix)
     restored = load_table(args.restored)
     compressed = read_compressed(args.compressed) if args.compressed else None
-    summary = evaluate(original, restored, args.out, compressed, args.tensorboard, overwrite=args.overwrite)
+    summary = evaluate(original, restored, args.out, compressed, args.tensorboard, overwrite=args.overwrite,
+                       plots=not args.no_plots)
     return format_summary(summary) + f"\nreport written to {args.out}"
 
 

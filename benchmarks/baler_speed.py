@@ -19,8 +19,8 @@ Sections:
   equal or lower loss.
 - ``codec``: ``compress`` and ``decompress`` of the same 100k rows, end to end (process wall, imports
   included), with the models trained above; the original's in-process phase times are listed too.
-- ``startup``: ``python -c "import torch"`` against ``baler-lit compress|decompress|evaluate`` on a 64-row
-  file: start-up beyond torch's own import (goal ≤ 1 s).
+- ``startup``: ``python -c "import torch"`` against ``baler-lit compress|decompress|evaluate|info`` on a 64-row
+  file: start-up beyond torch's own import (goal ≤ 1 s); ``evaluate`` with and without its figures.
 - ``levers``: the training step in a bare loop (100k rows, batch 512, float32 unless named) with each lever the
   issue names: fused / foreach / for-loop Adam, ``torch.compile`` (inductor) of the model, bf16 autocast (with
   the accuracy guard: loss within 5 % of float32), float64 (the original's dtype). A CUDA-graph path needs a GPU.
@@ -243,7 +243,8 @@ def startup_section(ckpt: Path, reps: int, tmp: Path) -> dict:
 
     small = tmp / "small.npz"
     save_npz(small, synthetic_cms_jets(64, seed=9))
-    times: dict[str, list[float]] = {"import torch": [], "compress": [], "decompress": [], "evaluate": []}
+    times: dict[str, list[float]] = {"import torch": [], "compress": [], "decompress": [], "evaluate": [],
+                                     "evaluate --no-plots": [], "info": []}
     for rep in range(reps):
         times["import torch"].append(run_process([sys.executable, "-c", "import torch"])["wall_s"])
         out, restored = tmp / f"s{rep}.baler", tmp / f"s{rep}.npz"
@@ -253,6 +254,10 @@ def startup_section(ckpt: Path, reps: int, tmp: Path) -> dict:
                                                              "--output", str(restored)))["wall_s"])  # fmt: skip
         times["evaluate"].append(run_process(baler_lit_cli("evaluate", "--original", str(small), "--restored",
                                                            str(restored), "--out", str(tmp / f"e{rep}")))["wall_s"])
+        times["evaluate --no-plots"].append(run_process(baler_lit_cli(
+            "evaluate", "--original", str(small), "--restored", str(restored), "--out", str(tmp / f"n{rep}"),
+            "--no-plots"))["wall_s"])  # fmt: skip
+        times["info"].append(run_process(baler_lit_cli("info", str(out)))["wall_s"])
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"median_wall_s": med, "beyond_torch_s": {k: med[k] - med["import torch"] for k in times if k != "import torch"}}
 

@@ -222,3 +222,17 @@ def test_info_never_imports_lightning_and_refuses_a_bad_file_in_one_line(trained
     cut.write_bytes(baler.read_bytes()[:-200])
     for bad, match in ((cut, "truncated"), (tmp_path / "none.baler", "does not exist"), (data, "not a baler-lit")):
         _bad(["info", str(bad)], match, capsys)
+
+
+def test_evaluate_without_plots_never_imports_matplotlib_or_lightning(trained, tmp_path):
+    _, _, data = trained
+    report = tmp_path / "rep"
+    script = ("import sys\nfrom baler_lit.cli import main\n"
+              f"assert main(['evaluate', '--original', {str(data)!r}, '--restored', {str(data)!r}, '--out',"
+              f" {str(report)!r}, '--no-plots']) == 0\n"
+              "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'lightning', 'scipy'}))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout and "mean normalised RMS error" in proc.stdout
+    assert json.loads((report / "summary.json").read_text())["mean_norm_rms"] == 0.0
+    assert not list(report.glob("*.png"))
