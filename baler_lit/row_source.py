@@ -7,7 +7,8 @@ yields its rows as float64 blocks, each checked for NaN/inf. Three kinds:
 - :class:`MappedRows`: a ``.npy`` file, or an uncompressed (``np.savez``) member of an ``.npz`` file, read
   through a memory map of one block at a time (each map is closed before the next is made, so the
   resident file pages stay those of one block);
-- :class:`StreamedRows`: a deflated (``np.savez_compressed``) ``.npz`` member, decompressed block by block.
+- :class:`StreamedRows`: a deflated (``np.savez_compressed``) ``.npz`` member, decompressed block by block;
+- :class:`RootRows`: numeric branches of a ROOT TTree, read with ``uproot.iterate`` (uproot imported lazily).
 
 :func:`open_rows` picks one from the file's suffix. The npy header is a trust boundary like the rest: only
 numeric dtypes, no Fortran order on the streamed path, and the declared size must fit in the bytes the
@@ -32,6 +33,8 @@ from .table import Table, check_finite, column_dtype_names, dtypes_from_whole, w
 BLOCK_ROWS = 65536
 #: Most values in one block (float64: 16 MiB).
 BLOCK_VALUES = 2**21
+#: Bytes of branch data ``uproot.iterate`` reads per step from a ROOT file.
+ROOT_STEP = "32 MB"
 #: Fixed part of a zip local file header (bytes).
 ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
@@ -65,13 +68,25 @@ class RowSource:
         raise NotImplementedError
 
     def blocks(self, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first row, float64 values of shape (n, *sample_shape))`` for consecutive blocks of ``rows`` rows
-        (the last may be shorter); raises naming the columns and rows where a block holds NaN or inf."""
+        """``(first row, float64 values of shape (n, *sample_shape))`` for consecutive blocks of exactly ``rows``
+        rows (the last may be shorter, whatever sizes the reader delivers); raises naming the columns and rows
+        where a block holds NaN or inf, and when the input holds another number of rows than it declared."""
         step = rows or block_rows(self.sample_shape)
-        for start, raw in self._raw_blocks(step):
-            values = raw.astype(np.float64)
-            check_finite(values, self.names, self.source, start)
-            yield start, values
+        pending: list[np.ndarray] = []
+        held = emitted = 0
+        for _, raw in self._raw_blocks(step):
+            pending.append(raw)
+            held += len(raw)
+            while held >= step or (held and emitted + held == self.n_rows):
+                values = np.concatenate(pending) if len(pending) > 1 else pending[0]
+                block, rest = values[:step], values[step:]
+                pending, held = ([rest], len(rest)) if len(rest) else ([], 0)
+                block = block.astype(np.float64)
+                check_finite(block, self.names, self.source, emitted)
+                yield emitted, block
+                emitted += len(block)
+        if emitted != self.n_rows or held:
+            raise BalerInputError(f"{self.source} changed while it was read: {emitted + held} rows, not {self.n_rows}")
 
     def to_table(self) -> Table:
         """All rows in memory, as a :class:`Table`."""
@@ -230,6 +245,53 @@ class StreamedRows(_NpyArray):
                 yield start, np.frombuffer(raw, dtype=self.dtype).reshape(n, *self.sample_shape)
 
 
+class RootRows(RowSource):
+    """Numeric branches of one TTree read with ``uproot.iterate`` (``ROOT_STEP`` at a time): flat branches give
+    one row per entry, jagged branches of one collection one row per object (as :func:`load_root`)."""
+
+    def __init__(self, path: Path, tree: str | None, branches, prefix: str | None) -> None:
+        from .sources import open_root, select_branches
+
+        self.path = path
+        self.source = str(path)
+        with open_root(path) as rootfile:
+            ttree, self.branches, self.jagged = select_branches(rootfile, path, tree, branches, prefix)
+            self.tree = ttree.object_path
+            n_rows, dtypes = 0, None
+            for columns in self._columns(ttree):
+                n_rows += len(columns[0])
+                dtypes = dtypes or [c.dtype.name for c in columns]
+        if not n_rows:
+            raise BalerInputError(f"input {path}: the selected branches hold no values")
+        self.n_rows = n_rows
+        self.sample_shape = (len(self.branches),)
+        self.names = list(self.branches)
+        self.dtypes = dtypes
+
+    def _columns(self, ttree) -> Iterator[list[np.ndarray]]:
+        from .sources import root_columns
+
+        try:
+            for arrays in ttree.iterate(self.branches, step_size=ROOT_STEP, library="ak"):
+                yield root_columns(arrays, self.branches, self.jagged, self.path)
+        except BalerInputError:
+            raise
+        except Exception as exc:  # uproot raises many types for damaged files
+            raise BalerInputError(f"cannot read branches from {self.path}: {exc}") from None
+
+    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+        from .sources import open_root
+
+        start = 0
+        with open_root(self.path) as rootfile:
+            for columns in self._columns(rootfile[self.tree]):
+                block = np.empty((len(columns[0]), len(columns)))
+                for j, col in enumerate(columns):
+                    block[:, j] = col
+                yield start, block
+                start += len(block)
+
+
 def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:
     """Where a stored zip member's bytes start in the file (after its local header, whose extra field may differ
     from the central directory's)."""
@@ -257,13 +319,16 @@ def open_rows(
     root_branches=None,
     root_prefix: str | None = None,
 ) -> RowSource:
-    """A row source for ``path``: ``.npy`` and ``.npz`` stream (see the module docstring); ROOT files and
+    """A row source for ``path``: ``.npy``, ``.npz`` and ``.root`` stream (see the module docstring);
     ``example:`` names are read into memory by :func:`~baler_lit.sources.load_table`."""
     from .sources import existing_file, load_table
 
-    if str(path).startswith("example:") or Path(path).suffix.lower() not in (".npy", ".npz"):
+    suffix = Path(path).suffix.lower()
+    if str(path).startswith("example:") or suffix not in (".npy", ".npz", ".root"):
         return TableRows(load_table(path, npz_key, root_tree, root_branches, root_prefix))
     p = existing_file(path)
+    if suffix == ".root":
+        return RootRows(p, root_tree, root_branches, root_prefix)
     size = p.stat().st_size
     if p.suffix.lower() == ".npy":
         return MappedRows(p, 0, size, str(p), [], [])

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from baler_conftest_helpers import one_thread  # noqa: F401 (a fixture)
+from baler_conftest_helpers import NANOAOD, one_thread  # noqa: F401 (a fixture)
 
 from baler_lit.compression import compress, decode, decompress, decompress_to_file, read_compressed
 from baler_lit.error_bound import ErrorBound
@@ -268,3 +268,23 @@ def test_hostile_corrections_are_refused_with_one_line_and_no_output(bounded_fil
             restore()
         assert "\n" not in str(info.value)
         assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.skipif(not NANOAOD.is_file(), reason=f"needs {NANOAOD}")
+def test_root_input_streams_in_batches_with_the_rows_of_the_in_memory_reader(tmp_path, monkeypatch):
+    import baler_lit.row_source as row_source
+    from baler_lit.sources import load_table
+
+    monkeypatch.setattr(row_source, "ROOT_STEP", 37)  # entries per uproot batch: many batches of uneven row counts
+    table = load_table(NANOAOD, root_prefix="Jet_")
+    rows = open_rows(NANOAOD, root_prefix="Jet_")
+    assert isinstance(rows, row_source.RootRows)
+    assert (rows.n_rows, rows.names, rows.dtypes) == (table.n_rows, table.names, table.dtypes)
+    blocks = list(rows.blocks(64))
+    assert [s for s, _ in blocks] == list(range(0, table.n_rows, 64))
+    assert np.array_equal(np.concatenate([b for _, b in blocks]), table.data)
+    model, norm = _trained(table, latent=10, steps=20)
+    compress(model, norm, rows, tmp_path / "streamed.baler")
+    compress(model, norm, table, tmp_path / "memory.baler")
+    a, b = read_compressed(tmp_path / "streamed.baler"), read_compressed(tmp_path / "memory.baler")
+    assert np.array_equal(a.arrays["latent"], b.arrays["latent"]) and a.header["dtypes"] == b.header["dtypes"]
