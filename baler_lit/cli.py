@@ -10,8 +10,12 @@
     baler-lit evaluate   --original data.npz --restored restored.npz --out report/ [--compressed data.baler]
     baler-lit diagnose   --ckpt best.ckpt --input data.npz --out diagnose/ [--tensorboard DIR]
     baler-lit info       data.baler [--json]
+    baler-lit compress-many --ckpt best.ckpt --inputs a.npz b.npz ... --output-dir out/ [--devices 2]
 
-``compress`` and ``decompress`` stream ``.npy``/``.npz`` data block by block (memory does not grow with the
+``compress-many`` is a Lightning ``predict`` run (DDP over ``--devices`` ranks, one shard of the inputs per rank,
+one ``.baler`` per input and a ``manifest.json``); it is the one file tool that imports Lightning.
+
+``compress`` and ``decompress`` stream ``.npy``/``.npz``/``.root`` data block by block (memory does not grow with the
 row count). ``compress``, ``decompress``, ``evaluate``, ``diagnose`` and ``info`` never import Lightning: a
 checkpoint is read with
 ``torch.load(weights_only=True)`` and the model is rebuilt from its hyper-parameters
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from .models import BalerAutoencoder
     from .normalization import MinMaxNormalizer
 
-TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info")
+TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many")
 EXIT_BAD_INPUT = 2
 
 
@@ -96,6 +100,20 @@ def _tool_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-plots", action="store_true",
                    help="summary only (text and summary.json): no figures, so no matplotlib (~4 s quicker)")
     _add_root_options(e, "original data")
+
+    m = sub.add_parser("compress-many", help="compress many files as a Lightning predict run over DDP ranks")
+    m.add_argument("--ckpt", required=True, help="Lightning checkpoint of a BalerModule")
+    m.add_argument("--inputs", required=True, nargs="+", help="data files (.npz, .npy or .root); one .baler each")
+    m.add_argument("--output-dir", required=True, help="folder for <input stem>.baler and manifest.json")
+    m.add_argument("--latent-dtype", default="float16", choices=["float64", "float32", "float16", "bfloat16"])
+    m.add_argument("--max-relative-error", type=float, default=None, metavar="FRACTION", help="as for compress")
+    m.add_argument("--max-absolute-error", type=float, default=None, metavar="VALUE", help="as for compress")
+    m.add_argument("--devices", type=int, default=1, help="ranks per node (processes on CPU, GPUs otherwise)")
+    m.add_argument("--num-nodes", type=int, default=1, help="nodes")
+    m.add_argument("--accelerator", default="cpu", help="Lightning accelerator (cpu, gpu, auto)")
+    m.add_argument("--strategy", default="auto", help="Lightning strategy (default: ddp for more than one rank)")
+    m.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+    m.add_argument("--npz-key", default="data", help="array name of the data in .npz inputs")
 
     i = sub.add_parser("info", help="what a .baler file holds: columns, model, sizes of its parts, ratio, error")
     i.add_argument("file", help="compressed file (.baler)")
@@ -199,11 +217,7 @@ def _compress(args: argparse.Namespace) -> str:
             f" first difference at column {diff}"
         )
     _adopt_training_dtypes(table, module.column_dtypes)
-    bound = None
-    if args.max_relative_error is not None or args.max_absolute_error is not None:
-        from .error_bound import ErrorBound
-
-        bound = ErrorBound(args.max_relative_error, args.max_absolute_error)
+    bound = _error_bound(args)
     result = compress(
         module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
         strict=args.strict, error_bound=bound,
@@ -267,6 +281,25 @@ def _decompress(args: argparse.Namespace) -> str:
     return f"restored {result.n_rows} rows of shape {result.sample_shape} → {args.output} in {result.seconds:.3f} s"
 
 
+def _error_bound(args: argparse.Namespace):
+    if args.max_relative_error is None and args.max_absolute_error is None:
+        return None
+    from .error_bound import ErrorBound
+
+    return ErrorBound(args.max_relative_error, args.max_absolute_error)
+
+
+def _compress_many(args: argparse.Namespace) -> str:
+    from .compress_many import compress_many
+
+    results = compress_many(args.ckpt, args.inputs, args.output_dir, args.devices, args.accelerator, args.num_nodes,
+                            args.strategy, latent_dtype=args.latent_dtype, error_bound=_error_bound(args),
+                            overwrite=args.overwrite, npz_key=args.npz_key)  # fmt: skip
+    lines = [f"{r['input']} → {r['output']}: {r['rows']} rows, ratio {r['ratio']:.3f}" for r in results]
+    return "\n".join(lines + [f"this rank compressed {len(results)} of {len(args.inputs)} inputs; manifest:"
+                              f" {Path(args.output_dir) / 'manifest.json'}"])  # fmt: skip
+
+
 def _info(args: argparse.Namespace) -> str:
     import json
 
@@ -293,7 +326,7 @@ def run_tool(argv: Sequence[str]) -> int:
     """Run ``compress``, ``decompress``, ``evaluate``, ``diagnose`` or ``info``; return the exit code."""
     args = _tool_parser().parse_args(list(argv))
     action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose,
-              "info": _info}[args.command]  # fmt: skip
+              "info": _info, "compress-many": _compress_many}[args.command]  # fmt: skip
     try:
         message = action(args)
     except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for

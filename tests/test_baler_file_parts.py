@@ -4,6 +4,7 @@ for every value, streaming compress/decompress, old files still read, hostile co
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import zipfile
 import zlib
 
@@ -288,3 +289,51 @@ def test_root_input_streams_in_batches_with_the_rows_of_the_in_memory_reader(tmp
     compress(model, norm, table, tmp_path / "memory.baler")
     a, b = read_compressed(tmp_path / "streamed.baler"), read_compressed(tmp_path / "memory.baler")
     assert np.array_equal(a.arrays["latent"], b.arrays["latent"]) and a.header["dtypes"] == b.header["dtypes"]
+
+
+def _save_checkpoint(path, model, norm, table) -> None:
+    """A checkpoint in BalerModule's layout (what ``load_checkpoint`` reads), without a Lightning fit."""
+    hp = {"input_shape": list(table.sample_shape), "model": "AE", "latent_dim": model.latent_dim,
+          "dtype": "float32", "model_kwargs": None}  # fmt: skip
+    baler = {"norm_min": norm.minimum.tolist(), "norm_scale": norm.scale.tolist(), "names": table.names,
+             "dtypes": table.dtypes}  # fmt: skip
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}, "hyper_parameters": hp,
+                "baler": baler}, path)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_compress_many_shards_the_inputs_over_two_ddp_ranks(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from baler_lit.cli import load_checkpoint
+    from baler_lit.table import save_npz
+
+    table = synthetic_cms_jets(2000, seed=1)
+    model, norm = _trained(table, latent=8, steps=10)
+    _save_checkpoint(tmp_path / "ae.ckpt", model, norm, table)
+    inputs = []
+    for i in range(3):
+        inputs.append(tmp_path / f"part{i}.npz")
+        save_npz(inputs[-1], synthetic_cms_jets(700 + 100 * i, seed=10 + i))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "baler_lit.cli", "compress-many", "--ckpt", str(tmp_path / "ae.ckpt"),
+                          "--inputs", *map(str, inputs), "--output-dir", str(out), "--devices", "2",
+                          "--max-relative-error", "0.2"], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    assert [f["input"] for f in manifest["files"]] == list(map(str, inputs))  # each input exactly once
+    assert [f["rank"] for f in manifest["files"]] == [0, 1, 0]  # input i on rank i mod 2
+    trained = load_checkpoint(tmp_path / "ae.ckpt")
+    for i, path in enumerate(inputs):
+        single = compress(trained.model, trained.normalizer, open_rows(path), tmp_path / f"single{i}.baler",
+                          "float16", error_bound=ErrorBound(relative=0.2))  # fmt: skip
+        ranked = read_compressed(out / f"part{i}.baler")
+        assert np.array_equal(ranked.arrays["latent"], read_compressed(single.path).arrays["latent"])
+        assert manifest["files"][i]["rows"] == 700 + 100 * i == ranked.n_rows
+        assert np.array_equal(decode(ranked), decode(read_compressed(single.path)))
