@@ -50,9 +50,10 @@ FIELDS = [
     ("arrays", "decoder.0.weight", "nbytes"), ("arrays", "norm_min", "dtype"), ("arrays", "norm_scale", "shape"),
     ("arrays", "data_min", "shape"), ("arrays", "data_max", "dtype"), ("model", "input_shape", 0),
     ("sample_shape", 0), ("dtypes", 0), ("arrays", "latent", "shape", 0), ("arrays", "latent", "shape", 1),
+    ("constants",), ("constants", "count"), ("corrections",),
 ]
 REQUIRED = ["magic", "format_version", "model", "latent_dtype", "n_rows", "sample_shape", "frames", "names",
-            "dtypes", "original_bytes", "arrays", "checksum_sha256"]
+            "dtypes", "original_bytes", "arrays", "checksum_sha256", "constants", "corrections"]
 
 
 def make_valid_file(path: Path, rows: int = 600) -> Path:
