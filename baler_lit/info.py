@@ -21,6 +21,9 @@ from .file_format import HEADER
 
 #: Columns listed one per line in the text output before the rest are summarised.
 LISTED_COLUMNS = 40
+#: (array name prefix, the part of the file it belongs to), for the sizes of the parts.
+PARTS = (("latent", "latent"), ("decoder.", "decoder"), ("constant_", "constant columns"),
+         ("corrections_", "corrections"))  # fmt: skip
 
 
 def file_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -63,15 +66,8 @@ def file_info(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _part(array_name: str) -> str:
-    if array_name == "latent":
-        return "latent"
-    if array_name.startswith("decoder."):
-        return "decoder"
-    if array_name.startswith("constant_"):
-        return "constant columns"
-    if array_name.startswith("corrections_"):
-        return "corrections"
-    return "normalisation and ranges"
+    """The part of the file an array belongs to (its name's prefix; the rest: normalisation and ranges)."""
+    return next((part for prefix, part in PARTS if array_name.startswith(prefix)), "normalisation and ranges")
 
 
 def _columns(compressed: CompressedFile) -> list[dict[str, Any]]:
