@@ -8,7 +8,9 @@ Layout: an uncompressed (stored) zip archive with
 - ``arrays/<name>.bin``: raw little-endian bytes of each array: ``latent`` (``n_rows × latent_dim``), the
   decoder's parameters and buffers (``decoder.<name>``), ``norm_min`` and ``norm_scale`` (the model's
   normalisation) and ``data_min``/``data_max`` (per-column range of the compressed data, used to clip
-  restored integer columns and to choose the restored array's dtype).
+  restored integer columns and to choose the restored array's dtype); from format version 2, when used,
+  ``constant_index``/``constant_value`` (sample positions whose value never changes, restored exactly) and
+  ``corrections_index``/``corrections_value`` (error-bound corrections, :mod:`baler_lit.error_bound`).
 
 Nothing is unpickled on load: arrays are rebuilt from raw bytes with the dtype and shape in the header,
 after :mod:`baler_lit.file_format` has checked every field against a whitelist and against the sizes the
@@ -24,8 +26,12 @@ renamed, so an interrupted write never leaves a partial ``.baler`` file.
 normalisation range by more than ``NORM_RANGE_MARGIN`` gives a warning (an error with ``strict``); and it
 decodes a sample of the rows it just encoded and reports their round-trip error.
 
-Compression and decompression process rows in fixed-size chunks into preallocated arrays, so time and
-memory grow linearly with the number of rows.
+Compression and decompression process rows in fixed-size chunks (:func:`chunk_rows`; compress decodes the
+same chunks decompress will, so error-bound checks see the values decompress produces). ``compress`` reads
+its input block by block (:mod:`baler_lit.row_source`), spools the latent codes and corrections to private
+temporary files and assembles the archive at the end (header first, its checksum computed over the spooled
+bytes); :func:`decompress_to_file` verifies the file, then decodes chunk by chunk into the output ``.npz``.
+Time grows linearly with the rows, memory does not grow with them (``benchmarks/baler_stream.py``).
 """
 
 from __future__ import annotations

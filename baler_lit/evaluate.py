@@ -124,7 +124,9 @@ def tradeoff(original: Table, compressed: CompressedFile) -> list[dict[str, Any]
     The file size for another dtype is the actual file size with the latent bytes replaced by
     ``n_rows × latent_dim × itemsize``; the latent is rounded to that dtype and decoded with the stored
     decoder. Entries coarser than the stored dtype show the loss of re-rounding; finer ones cannot recover
-    precision the file does not hold, so their error equals the stored one.
+    precision the file does not hold, so their error equals the stored one. A file's constant columns and
+    error-bound corrections are applied to every entry (the corrections were chosen for the stored dtype, so
+    coarser entries may miss the bound elsewhere).
     """
     h = compressed.header
     latent_bytes = h["arrays"]["latent"]["nbytes"]
