@@ -427,3 +427,33 @@ def test_an_epoch_resolved_while_steps_are_drained_is_delivered_before_the_next_
     totals = logger.values("energy/total_J")
     assert totals == sorted(totals)
     assert logger.steps("energy/epoch_J") == [10, 20, 30]
+
+
+class GateComparison(L.Callback):
+    """Compares the timeline's step gate with Lightning's own ``should_update_logs`` at every batch end;
+    ``stop_at`` sets ``trainer.should_stop`` at that batch (Lightning then logs the step it stops at)."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.pairs: list[tuple[bool, bool]] = []
+        self.stop_at = stop_at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from lightning_energy.integration.timeline import should_log_step
+
+        if self.stop_at is not None and trainer.global_step == self.stop_at:
+            trainer.should_stop = True
+        self.pairs.append((should_log_step(trainer), bool(trainer._logger_connector.should_update_logs)))
+
+
+@pytest.mark.parametrize("overrides", [dict(log_every_n_steps=1), dict(log_every_n_steps=3),
+                                       dict(log_every_n_steps=0), dict(log_every_n_steps=2, accumulate_grad_batches=2),
+                                       dict(log_every_n_steps=4, val_check_interval=5)])
+@pytest.mark.parametrize("stop_at", [None, 7])
+def test_the_step_gate_is_lightnings_should_update_logs_at_every_step(tmp_path, overrides, stop_at):
+    gate = GateComparison(stop_at)
+    fit(tmp_path, [gate], max_epochs=3, **overrides)
+    assert len(gate.pairs) >= 7
+    assert all(ours == lightnings for ours, lightnings in gate.pairs), gate.pairs
+    if stop_at is not None and overrides["log_every_n_steps"] > 0:
+        assert gate.pairs[-1] == (True, True)  # the step it stops at is logged
+    assert any(lightnings for _, lightnings in gate.pairs) == (overrides["log_every_n_steps"] > 0)
