@@ -39,9 +39,10 @@ from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_has
 
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.optimize.batch_size import batch_length
+from lightning_energy.measure.meter import Mark, measure
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 METHODS = ("to_target", "per_sample")
 COSTS = ("energy", "time", "zeus_cost")
@@ -57,8 +58,6 @@ class _TrialProbe(Callback):
     """
 
     def __init__(self, timeline, warmup: int, steps: int) -> None:
-        from lightning_energy.gpu_sim import batch_length  # imports zeus (for its GPU class): only when searching
-
         self._batch_length = batch_length
         self.timeline, self.warmup, self.steps = timeline, warmup, steps
         self.seen = 0
@@ -87,8 +86,6 @@ class _TargetProbe(Callback):
     """
 
     def __init__(self, search: "BatchSizeSearch", limit: float) -> None:
-        from lightning_energy.gpu_sim import batch_length
-
         self._batch_length = batch_length
         self.search, self.limit = search, limit
         self.start: Mark | None = None

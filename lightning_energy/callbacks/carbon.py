@@ -12,15 +12,15 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import (
     JOULES_PER_KWH, CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures
-from lightning_energy.meter import measure
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.meter import measure
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 CARBON_REPORT_FILE = "carbon_report.json"
 

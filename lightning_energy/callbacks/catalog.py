@@ -12,19 +12,19 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import JOULES_PER_KWH, world_average
 from lightning_energy.catalog import (
     CATALOG_FILE, RUN_ATTRIBUTES_FILE, Catalog, CatalogError, CatalogUnavailableError,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import try_atomic_write_json
-from lightning_energy.meter import measure
+from lightning_energy.measure.meter import measure
 from lightning_energy.provenance import combine, of_entry
-from lightning_energy.report import version
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.sensors.estimate import cpu_model_name
+from lightning_energy.outputs.report import version
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.sensors.cpu_model import cpu_model_name
 
 CHECKPOINT_KEY = "energy_metadata"
 CATALOG_TIMEOUT_S = 10.0  # how long the end-of-fit write waits for another writer of the catalog

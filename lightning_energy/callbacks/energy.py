@@ -12,16 +12,16 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
-from lightning_energy.meter import Mark
-from lightning_energy.report import REPORT_FILE, build_report, format_report
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.tensorboard import EpochPowerRecorder, TensorBoardExtras
-from lightning_energy.trace import TraceWriter
+from lightning_energy.measure.meter import Mark
+from lightning_energy.outputs.report import REPORT_FILE, build_report, format_report
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
+from lightning_energy.outputs.trace import TraceWriter
 
 LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "val": ("energy/val_epoch_J", "time/val_epoch_s", "power/val_epoch_W"),
@@ -171,7 +171,7 @@ class EnergyCallback(MeteredCallback):
         # setup through load_state_dict and replaces this
         self._resumed = dict(self._final_state) if self._final_state is not None and stage == "fit" else {}
         self._reset_run_state()
-        from lightning_energy.sampler import get_sampler
+        from lightning_energy.measure.sampler import get_sampler
 
         self._failures_seen = len(get_sampler().failures)  # earlier runs' failures are not ours
         attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s, self.cuda_events)
@@ -436,7 +436,7 @@ class EnergyCallback(MeteredCallback):
             rank_zero_info(f"lightning-energy: report written to {self.report_path}")
 
     def _rank_summary(self, trainer: Trainer, start: Mark, end: Mark) -> dict:
-        from lightning_energy.meter import measure
+        from lightning_energy.measure.meter import measure
 
         fit = measure(start, end)
         sensors = []

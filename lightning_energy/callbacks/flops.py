@@ -8,14 +8,14 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_energy import distributed
-from lightning_energy.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.peaks import Peak, device_peak, precision_of
-from lightning_energy.precision import SwitchablePrecision
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.predict.peaks import Peak, device_peak, precision_of
+from lightning_energy.integration.precision_plugin import SwitchablePrecision
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 TABLE_FILE = "flops_table.csv"
 GFLOP = 1e9
@@ -25,7 +25,7 @@ class FlopsCallback(MeteredCallback):
     """Count the model's FLOPs once, then report how fast and how efficiently they run.
 
     The table (per layer: parameters, forward MACs and FLOPs, backward FLOPs, MACs in the Baler
-    study's convention; see :mod:`lightning_energy.flops`) is counted with ``FlopCounterMode`` on
+    study's convention; see :mod:`lightning_energy.predict.flops`) is counted with ``FlopCounterMode`` on
     ``example_input`` (or the module's ``example_input_array``) at fit start, else on the first
     training batch inside the real training step (forward until ``on_before_backward``, backward
     after it). That counted step is left out of the rates below (the counter slows it down).
@@ -46,7 +46,7 @@ class FlopsCallback(MeteredCallback):
       (exact for layers that act per sample, as Linear and Conv do);
     - ``flops/rate_GFLOP_per_s``: those FLOPs over the steps' time (slowest rank);
     - ``flops/mfu``: model FLOPs utilisation, the rate over the peak of the device and precision
-      (:mod:`lightning_energy.peaks`: Lightning's ``get_available_flops`` datasheet table for known GPUs,
+      (:mod:`lightning_energy.predict.peaks`: Lightning's ``get_available_flops`` datasheet table for known GPUs,
       with corrections where it is wrong; else a measured matrix product, on a GPU a large one timed with
       CUDA events) x ranks.
       The precision is read at every step (the mode of a ``SwitchablePrecision`` plugin, which

@@ -12,15 +12,15 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import JOULES_PER_KWH, world_average
-from lightning_energy.forecast import (
+from lightning_energy.predict.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 FORECAST_REPORT_FILE = "forecast_report.json"
 DEFAULT_WARMUP_FRACTION = 0.1  # of the first epoch's batches, at least one batch
@@ -34,7 +34,7 @@ class ForecastCallback(MeteredCallback):
     training batches); it is updated for every epoch. The planned run is ``max_epochs`` x batches per
     epoch or ``max_steps`` (``limit_train_batches`` honoured); with ``EarlyStopping`` the forecast is the
     worst case, every planned epoch. The first ``warmup_steps`` batches are left out of the rate
-    (see :mod:`lightning_energy.forecast` for the model). CO2e uses the intensity and PUE of a
+    (see :mod:`lightning_energy.predict.forecast` for the model). CO2e uses the intensity and PUE of a
     ``CarbonCallback`` in the same Trainer, else the world average (labelled in the report).
 
     The figures are the Trainer's timeline's (the windows every suite callback reads): an epoch's

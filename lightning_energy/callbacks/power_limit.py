@@ -25,33 +25,36 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_energy import distributed, gpu_control
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
-from lightning_energy.power_limit import (
+from lightning_energy.measure.meter import Mark, measure
+from lightning_energy.optimize.power_limit.search import (
     DEFAULT_MAX_REPEATS,
     DEFAULT_NOISE,
     DEFAULT_REPEAT_BUDGET,
     DEFAULT_TOLERANCE,
     MAX_POWER_SCOPES,
-    FIGURE_FILE,
-    PROFILE_FILE,
     SEARCHES,
     SELECTORS,
     LimitProfile,
     Objective,
     limit_grid,
     make_search,
+)
+from lightning_energy.optimize.power_limit.profile_file import (
+    FIGURE_FILE,
+    PROFILE_FILE,
     profile_document,
     profile_figure,
     read_profile,
     write_figure_png,
     write_profile,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 
 class PowerLimitConfigError(MisconfigurationException, ValueError):
@@ -77,7 +80,7 @@ def rank_gpu(trainer: Trainer):
     if root.type != "cuda":
         raise RuntimeError(
             f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
-            "or pass gpu=lightning_energy.gpu_sim.SimulatedGPU(...) to run against the simulator."
+            "or pass gpu=lightning_energy.testing.gpu_sim.SimulatedGPU(...) to run against the simulator."
         )
     try:
         return gpu_control.open_gpu(root.index)
@@ -85,7 +88,7 @@ def rank_gpu(trainer: Trainer):
         raise RuntimeError(f"PowerLimitOptimizer: {err}") from err
 
 
-# the card-control helpers live in lightning_energy.gpu_control (shared with the sweep)
+# the card-control helpers live in lightning_energy.optimize.power_limit.gpu_control (shared with the sweep)
 default_limit_mW = gpu_control.default_limit_mW
 limit_permission_problem = gpu_control.permission_problem
 
@@ -119,7 +122,7 @@ class PowerLimitOptimizer(MeteredCallback):
     The card is put back as it was before the fit (the limit and the persistence mode in force then, an
     administrator's setting included, not NVML's default) at fit end, on an exception, on Ctrl-C, on
     SIGHUP and at interpreter exit. Before the first change a crash marker is written
-    (``lightning_energy.gpu_control``); after SIGKILL or a power loss ``lightning-energy
+    (``lightning_energy.optimize.power_limit.gpu_control``); after SIGKILL or a power loss ``lightning-energy
     restore-power-limit`` puts the card back. A chosen limit is always one that was profiled.
 
     Logged metrics (rank zero, beside the loss):
@@ -142,13 +145,13 @@ class PowerLimitOptimizer(MeteredCallback):
         search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart, Zeus's selector picks) or
             ``"adaptive"`` (fewer limits: branch and bound on monotonic time and power, near-ties settled by
             repeated windows; exhaustive when profiles break monotonicity; see
-            ``lightning_energy.power_limit.AdaptiveSearch``).
+            ``lightning_energy.optimize.power_limit.search.AdaptiveSearch``).
         wait_steps, warmup_steps, profile_steps: steps before anything, per limit before and while measuring.
         pl_step_W: spacing of the candidate limits (W).
         profile_path: a profile file: loaded and used without profiling when it exists, written when not.
         dry_run: never touch the card; profile the current limit only and report the limits that would be
             profiled and the expected profiling steps, time and energy.
-        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.gpu_sim.SimulatedGPU``;
+        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.testing.gpu_sim.SimulatedGPU``;
             default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
@@ -158,7 +161,7 @@ class PowerLimitOptimizer(MeteredCallback):
         max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit and per search.
         max_power_scope: ZeusCost's MaxPower in DDP: ``"job"`` (the highest limit times the world size,
             beside energy summed over every rank: the same pick as one rank alone) or ``"process"`` (Zeus's
-            DDP recipe, one GPU per process: times 1; see ``lightning_energy.power_limit``).
+            DDP recipe, one GPU per process: times 1; see ``lightning_energy.optimize.power_limit.search``).
     """
 
     def __init__(

@@ -11,21 +11,20 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
-from lightning_energy.precision import (
-    MODE_LEGEND,
-    MODES,
-    REFERENCE_MODE,
-    SwitchablePrecision,
-    get_mode,
-    unavailable_reason,
+from lightning_energy.integration.precision_plugin import SwitchablePrecision
+from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODES, REFERENCE_MODE, get_mode, unavailable_reason
+from lightning_energy.optimize.precision.probe import reference_loss
+from lightning_energy.optimize.precision.report import (
+    KEPT_CHECKS,
+    REPORT_FILE,
+    build_precision_report,
+    format_precision_report,
 )
-from lightning_energy.precision_probe import reference_loss
-from lightning_energy.precision_report import KEPT_CHECKS, REPORT_FILE, build_precision_report, format_precision_report
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
 OBJECTIVES = ("energy", "time", "edp")
@@ -41,7 +40,7 @@ class PrecisionSwitch(MeteredCallback):
 
     ``Trainer(callbacks=[EnergyCallback(), PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"])])``
     needs nothing else: when the Trainer has its default precision the callback installs a
-    :class:`~lightning_energy.precision.SwitchablePrecision` plugin (or uses one given in ``plugins``).
+    :class:`~lightning_energy.integration.precision_plugin.SwitchablePrecision` plugin (or uses one given in ``plugins``).
 
     1. Profiling, in rounds. In a round the reference ``32-true`` and then each candidate trains ``warmup_steps``
        + ``profile_steps`` optimizer steps. Over the profile steps the Trainer's timeline (the step windows every
@@ -69,7 +68,7 @@ class PrecisionSwitch(MeteredCallback):
        with two rounds (AB, BA) a steady drift cancels in the pool.
     3. Guard. Every ``check_every_n_steps`` steps the gap is measured again, over the last ``probe_batches``
        steps before the check (each replayed in ``32-true``). The callback falls back to the next
-       safer mode (the order of :data:`~lightning_energy.precision.MODE_NAMES`) on a non-finite gradient
+       safer mode (the order of :data:`~lightning_energy.integration.precision_plugin.MODE_NAMES`) on a non-finite gradient
        (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
        skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
        the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` at

@@ -16,14 +16,14 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_text
-from lightning_energy.meter import Mark, Measurement, measure
-from lightning_energy.op_energy import (
+from lightning_energy.measure.meter import Mark, Measurement, measure
+from lightning_energy.outputs.op_energy import (
     DEVICE_SYNC_MARKER, SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us,
     counter_events, device_clock_offset_us, device_of, read_chrome_trace, write_chrome_trace,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.series import bound_between
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.series import bound_between
 
 ACTIVITIES = ("cpu", "cuda")
 TRACE_GLOB = "*.pt.trace.json*"
@@ -72,11 +72,11 @@ class EnergyProfiler(MeteredCallback):
     - ``<host>_<pid>.<ns>.pt.trace.json``: the trace from ``torch.profiler.tensorboard_trace_handler``,
       rewritten atomically with counter tracks ``power <sensor> (W)`` (every sample of the window) and
       ``energy <sensor> (J)`` (since the window start), aligned to the trace's clock (see
-      :mod:`lightning_energy.op_energy`): a device sensor's tracks sit in the GPU's process, beside its
+      :mod:`lightning_energy.outputs.op_energy`): a device sensor's tracks sit in the GPU's process, beside its
       kernels, on the device tracks' clock; plus a ``lightningEnergy`` entry (window, clock offsets of
       the host and device tracks, ``estimated`` and ``estimated_sensors``).
     - ``op_energy_step<global step>.csv``: the window's measured energy split among operators by the
-      rule in :mod:`lightning_energy.op_energy`: each sensor's energy goes to the tracks of its scope
+      rule in :mod:`lightning_energy.outputs.op_energy`: each sensor's energy goes to the tracks of its scope
       (on a GPU run, device sensors to the kernels and copies on this rank's GPU, host sensors to the
       CPU threads; on a CPU run every sensor to the CPU threads); the innermost op per thread/stream
       holds the time, concurrent ops share equally, the rest is idle; so per sensor the ops and the

@@ -18,9 +18,9 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_energy.integration import session as sessions
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor, validate_sensors
+from lightning_energy.measure.sensors.detect import BACKENDS
 
 
 def _report(boundary: Callable) -> Callable:
