@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
 
 from lightning_energy.predict.forecast import cern_estimate_J
 from lightning_energy.integration.base import MeteredCallback
@@ -47,12 +48,14 @@ class BatchSampleEstimate(MeteredCallback):
         self.batches = 0
         self.estimate_J: float | None = None
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None or stage != TrainerFn.FITTING:
             return
         self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
         self.batch_J, self.batches, self.sampled, self.batch_J_mean, self.estimate_J = [], 0, 0, None, None
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         first, self.batches = self.batches, self.batches + figures.batches
         low, high = self.skip_batches, self.skip_batches + self.n_batches
@@ -62,6 +65,7 @@ class BatchSampleEstimate(MeteredCallback):
             step_J = sum(energy.get(name, 0.0) for name in self.attachment.sensor_names)
             self.batch_J.extend([step_J / figures.batches] * sampled)
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has delivered every step before this runs
         if not self.batch_J:

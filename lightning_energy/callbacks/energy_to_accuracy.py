@@ -8,6 +8,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
@@ -75,6 +76,7 @@ class EnergyToAccuracy(MeteredCallback):
     def reached(self, value: float) -> bool:
         return value >= self.target if self.mode == "max" else value <= self.target
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -83,14 +85,17 @@ class EnergyToAccuracy(MeteredCallback):
         self._validations = 0
         self._final_state = None
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = None
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._trainer = None
         super().on_exception(trainer, pl_module, exception)
 
+    @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         timeline = self.timeline
         if (trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or timeline is None
@@ -133,6 +138,7 @@ class EnergyToAccuracy(MeteredCallback):
         rows = distributed.gather(trainer, (sum(m.energy_J.get(n, 0.0) for n in names), m.duration_s))
         return sum(r[0] for r in rows), max(r[1] for r in rows)
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._final_state = self._state(trainer, self.timeline.fit_end)  # for a checkpoint saved after the fit
 
@@ -148,6 +154,7 @@ class EnergyToAccuracy(MeteredCallback):
             "result": self.result,
         }
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Energy (J, all ranks) and time (s, slowest rank) since training began, up to the checkpoint.
 
@@ -160,6 +167,7 @@ class EnergyToAccuracy(MeteredCallback):
             return {**self._final_state, "result": self.result}
         return {**self._resumed, "result": self.result}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = {k: state_dict.get(k, 0) for k in ("energy_J", "time_s", "validations")}
         self.result = state_dict.get("result")

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
@@ -240,6 +241,7 @@ class PrecisionSwitch(MeteredCallback):
         self._report_built = False
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if sum(isinstance(c, PrecisionSwitch) for c in trainer.callbacks) > 1:
             raise ValueError("a Trainer can hold only one PrecisionSwitch callback")
@@ -295,6 +297,7 @@ class PrecisionSwitch(MeteredCallback):
         return plan
 
     # ---------------------------------------------------------------- training
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._restored:
             self._apply_restored(self._restored)
@@ -323,6 +326,7 @@ class PrecisionSwitch(MeteredCallback):
                 logger.log_hyperparams({"precision/start_mode": mode, "precision/mode_legend": MODE_LEGEND})
         self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({reason})")
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # the timeline has opened this step's window (MeteredCallback reports the boundary first)
         self._batch_mode = self.plugin.mode_name
@@ -350,6 +354,7 @@ class PrecisionSwitch(MeteredCallback):
         # the last ``probe_batches`` steps before each check
         return self.check_every_n_steps > 0 and self._since_check >= self.check_every_n_steps - self.probe_batches
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         """A step's figures (a few steps after it, the probe excluded): summed per mode and per profile."""
         tag = self._step_tags.pop(figures.step, None)
@@ -365,6 +370,7 @@ class PrecisionSwitch(MeteredCallback):
         if probe is not None:
             self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         self._accumulate(trainer, outputs)
@@ -592,6 +598,7 @@ class PrecisionSwitch(MeteredCallback):
             rank_zero_warn(message)
 
     # ---------------------------------------------------------------- report
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._build_report(trainer):
             return
@@ -628,6 +635,7 @@ class PrecisionSwitch(MeteredCallback):
         return trainer.is_global_zero
 
     # ---------------------------------------------------------------- resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self._window is None:
             return dict(self._restored or {})
@@ -641,6 +649,7 @@ class PrecisionSwitch(MeteredCallback):
             "nonfinite_losses": self.nonfinite_losses,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored = dict(state_dict)
 

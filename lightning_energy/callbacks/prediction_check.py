@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
@@ -61,6 +62,7 @@ class EnergyPredictionCheck(MeteredCallback):
         self._measured_J = 0.0
         self._batches = 0
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -68,11 +70,13 @@ class EnergyPredictionCheck(MeteredCallback):
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         self._measured_J, self._batches = 0.0, 0
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         energy = figures.measurement.energy_J
         self._measured_J += sum(energy.get(name, 0.0) for name in self.attachment.sensor_names)
         self._batches += figures.batches
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has delivered every step before this runs; its fit end is resolved
         timeline = self.timeline

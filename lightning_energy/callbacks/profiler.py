@@ -13,6 +13,7 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_text
@@ -173,6 +174,7 @@ class EnergyProfiler(MeteredCallback):
         self._device_probe = None  # a one-element tensor on that GPU: the device sync marker's kernel
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -198,10 +200,12 @@ class EnergyProfiler(MeteredCallback):
         self._sampler = attachment.sampler
         self._sampler.add_listener(self._recorder)
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._release()
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._processing = False  # no trace post-processing for a failed run
         self._release()
@@ -222,6 +226,7 @@ class EnergyProfiler(MeteredCallback):
         return timeline.extra(FLUSH) if timeline is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- profiling
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         import torch.profiler as tp
 
@@ -245,6 +250,7 @@ class EnergyProfiler(MeteredCallback):
         self._profiler.start()
         self._open_window_if_recording()
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         profiler = self._profiler
@@ -262,6 +268,7 @@ class EnergyProfiler(MeteredCallback):
                 profiler.step()  # exports the trace at the end of a cycle (-> _on_trace_ready)
         self._open_window_if_recording()
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._profiler is None:
             return

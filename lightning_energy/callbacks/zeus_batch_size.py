@@ -20,14 +20,15 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import MW_PER_W
 
-MILLI = 1000
 
 
 def _zeus_bso():
@@ -130,6 +131,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         return response.json()
 
     # ---------------------------------------------------------------- set-up
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -153,7 +155,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
 
             gpu = rank_gpu(trainer)
         max_W = self.max_power_W if self.max_power_W is not None else (
-            gpu.get_power_management_limit_constraints()[1] / MILLI if gpu is not None else None)
+            gpu.get_power_management_limit_constraints()[1] / MW_PER_W if gpu is not None else None)
         model = self.gpu_model or (str(gpu.get_name()) if gpu is not None else None)
         if max_W is None or not model:
             raise MisconfigurationException("ZeusBatchSizeOptimizer needs the GPU's maximum power and model: train on a "
@@ -161,12 +163,14 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         # as Zeus's client: MaxPower of the job is the maximum limit times the number of GPUs
         return {"max_power": float(max_W) * trainer.world_size, "number_of_gpus": trainer.world_size, "gpu_model": model}
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self._end_trial(trainer)
         self._train_start = None
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._end_trial(trainer)
         self._train_start = None
@@ -183,6 +187,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
             rank_zero_warn(f"ZeusBatchSizeOptimizer: could not close trial {trial}: {err}")
 
     # ---------------------------------------------------------------- the batch size
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Register the job and get the batch size (after a checkpoint restore: the restored trial's)."""
         common = _zeus_bso()
@@ -202,6 +207,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         rank_zero_info(f"ZeusBatchSizeOptimizer: job {self.trial['job_id']} trial {self.trial['trial_number']}: "
                        f"batch size {self.batch_size}")
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.enable_validation:
             raise MisconfigurationException("ZeusBatchSizeOptimizer reports the validation metric after every "
@@ -211,6 +217,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self._train_start = self.timeline.mark()
 
     # ---------------------------------------------------------------- per epoch
+    @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if (trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self.outcome is not None
                 or self._train_start is None):
@@ -262,6 +269,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
     _resumed_time_s = 0.0
     _resumed_energy_J = 0.0
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The trial, and the time (s) and energy (J) reported last (the epoch count is the Trainer's)."""
         trial = self.trial if self.trial is not None else self._resumed_trial  # restored, not yet started
@@ -270,6 +278,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         last = self.reports[-1]
         return {"trial": trial, "time_s": last["time"], "energy_J": last["energy"]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed_trial = state_dict.get("trial")
         self._resumed_time_s = float(state_dict.get("time_s", 0.0))

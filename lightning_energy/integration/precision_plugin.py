@@ -8,18 +8,7 @@ being accumulated waits until the optimizer step that consumes them, so that gra
 never a mixture of scaled and unscaled values. Parameters keep their master dtype (float32; float64 for
 ``64-true``), so the optimizer's state never changes dtype.
 
-Modes (``code`` is the number logged as ``precision/mode``; higher means less precise):
-
-====  ====================  ==============================================================================
-code  name                  what runs
-====  ====================  ==============================================================================
-0     ``64-true``           float64 parameters and inputs (Baler's original arithmetic); fixed at setup
-1     ``32-true``           float32, TF32 off for matmul and cuDNN on CUDA: the full-precision reference
-2     ``tf32``              float32 with TF32 matmul and cuDNN convolutions (CUDA, compute capability >= 8)
-3     ``bf16-mixed``        autocast to bfloat16 (CPU and CUDA)
-4     ``16-mixed``          autocast to float16 with dynamic gradient scaling (``torch.amp.GradScaler``)
-5     ``16-mixed-noscale``  autocast to float16 without gradient scaling
-====  ====================  ==============================================================================
+The modes and their logged codes are listed in :mod:`lightning_energy.optimize.precision.modes`.
 
 Switching between ``64-true`` and the other modes after setup is refused with an error: it would change
 the parameters' dtype under the optimizer's state and DDP's gradient buckets, which are both built for
@@ -40,6 +29,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import LBFGS
+from typing_extensions import override
 
 from lightning_energy.optimize.precision.modes import MODE_NAMES, REFERENCE_MODE, PrecisionMode, get_mode, unavailable_reason
 
@@ -161,9 +151,11 @@ class SwitchablePrecision(Precision):
             self._saved_flags = None
 
     # ---------------------------------------------------------------- set-up
+    @override
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.double() if self._mode.param_dtype == torch.float64 else module
 
+    @override
     def connect(self, model: torch.nn.Module, optimizers: list, lr_schedulers: list) -> tuple:
         floating = [p for p in model.parameters() if p.is_floating_point()]
         if self.device_type is None:
@@ -182,6 +174,7 @@ class SwitchablePrecision(Precision):
         self._apply_flags()
         return model, optimizers, lr_schedulers
 
+    @override
     def teardown(self) -> None:
         self._restore_flags()
         self.check_reference_steps = False
@@ -192,16 +185,19 @@ class SwitchablePrecision(Precision):
             self._pending = None
 
     # ---------------------------------------------------------------- forward
+    @override
     def convert_input(self, data: Any) -> Any:
         if self._mode.param_dtype == torch.float64:
             return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.float64)
         return data
 
+    @override
     def tensor_init_context(self) -> contextlib.AbstractContextManager:
         if self._mode.param_dtype == torch.float64:
             return _DtypeContextManager(torch.float64)
         return contextlib.nullcontext()
 
+    @override
     def module_init_context(self) -> contextlib.AbstractContextManager:
         return self.tensor_init_context()
 
@@ -233,12 +229,14 @@ class SwitchablePrecision(Precision):
                 self._apply_flags()
 
     # ---------------------------------------------------------------- backward and optimizer step
+    @override
     def pre_backward(self, tensor: Tensor, module) -> Tensor:  # type: ignore[override]
         self._grads_pending = True
         if self.scaler is not None:
             tensor = self.scaler.scale(tensor)
         return super().pre_backward(tensor, module)
 
+    @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer, model, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
@@ -316,6 +314,7 @@ class SwitchablePrecision(Precision):
         else:
             self.consecutive_skips = 0
 
+    @override
     def clip_gradients(self, optimizer, clip_val=0.0,  # type: ignore[override]
                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
         if self.scaler is not None and clip_val > 0 and _optimizer_handles_unscaling(optimizer):
@@ -326,6 +325,7 @@ class SwitchablePrecision(Precision):
         super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
     # ---------------------------------------------------------------- checkpoints
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {
             "mode": (self._pending or self._mode).name,
@@ -333,6 +333,7 @@ class SwitchablePrecision(Precision):
             "skipped_steps": self.skipped_steps,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         mode = get_mode(state_dict.get("mode"), "checkpoint's precision mode")
         if state_dict.get("scaler") is not None:

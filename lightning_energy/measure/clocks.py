@@ -22,9 +22,9 @@ import threading
 import time
 from collections import deque
 from typing import Any
+from lightning_energy.units import MS_PER_S
 
 REANCHOR_PERIOD_S = 60.0  # a CUDA clock takes a fresh anchor at most this often (s)
-MS_PER_S = 1000.0  # torch.cuda.Event.elapsed_time reports milliseconds
 
 
 class HostClock:

@@ -7,9 +7,9 @@ import platform
 import time
 
 from lightning_energy.provenance import ESTIMATED, KINDS, MEASURED, SIMULATED, combine, of_entry, of_report, tagged
+from lightning_energy.units import J_PER_KWH
 
 REPORT_FILE = "energy_report.json"
-JOULES_PER_KWH = 3.6e6
 
 
 def version() -> str:
@@ -36,7 +36,7 @@ def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) ->
         "world_size": len(rank_summaries),
         "duration_s": duration_s,
         "total_J": total_J,
-        "total_kWh": total_J / JOULES_PER_KWH,
+        "total_kWh": total_J / J_PER_KWH,
         "train_J": train_J,
         "validation_J": validation_J,
         "other_J": total_J - train_J - validation_J,

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lightning_energy.provenance import of_report
+from lightning_energy.units import MW_PER_W
 
 AXES = ("precision", "batch_size", "power_limit_W")
 TOP_LEVEL_KEYS = {"name", "output_dir", "seed", "repetitions", "model", "data", "grid", "sensors", "trainer",
@@ -48,7 +49,6 @@ DEFAULT_CERN_BATCHES = 10  # the CERN study averaged the energy of 10 batches
 WORKLOADS = ("compute_bound", "memory_bound", "small_net")  # gpu_sim's StepModel presets
 GPU_KEYS = ("workload", "step", "min_limit_W", "max_limit_W", "default_limit_W", "idle_W", "static_W")
 REAL_GPU_ACCELERATORS = ("gpu", "cuda", "auto")
-MILLI = 1000  # mW per W
 PERMISSION_HELP = ("Fixes: run the Zeus daemon (zeusd) and export ZEUSD_SOCK_PATH=<its socket> "
                    "(https://ml.energy/zeus/getting_started/#system-privileges), or give the process the SYS_ADMIN "
                    "capability (`docker run --cap-add SYS_ADMIN ...`, or root); or sweep simulated limits with "
@@ -349,7 +349,7 @@ def simulated_hardware(simulated: dict, power_limit_W: float | None, clock=None)
 
     gpu = make_simulated_gpu(simulated["gpu"], clock)
     if power_limit_W is not None:
-        gpu.set_power_management_limit(int(power_limit_W) * MILLI)
+        gpu.set_power_management_limit(int(power_limit_W) * MW_PER_W)
     return SimulatedHardware([gpu.energy_sensor("sim_gpu"), *host], [SimulatedWorkload(gpu=gpu)], gpu)
 
 
@@ -397,10 +397,10 @@ class GpuPowerLimits:
         for gpu in gpus.values():
             low_mW, high_mW = gpu.get_power_management_limit_constraints()
             outside = sorted({limit for limit in limits_W if limit is not None
-                              and not low_mW <= round(limit * MILLI) <= high_mW})
+                              and not low_mW <= round(limit * MW_PER_W) <= high_mW})
             if outside:
                 raise SweepError(f"grid.power_limit_W {outside} W outside GPU {gpu_control.nvml_index(gpu)}'s range "
-                                 f"[{low_mW / MILLI:g}, {high_mW / MILLI:g}] W; no run was started")
+                                 f"[{low_mW / MW_PER_W:g}, {high_mW / MW_PER_W:g}] W; no run was started")
         return cls(gpus)
 
     @contextlib.contextmanager
@@ -412,7 +412,7 @@ class GpuPowerLimits:
             for controller in self.controllers.values():
                 before = controller.take()  # the first time: records what was there, writes the marker
                 controller.gpu.set_power_management_limit(before.limit_mW if limit_W is None
-                                                          else int(round(limit_W * MILLI)))
+                                                          else int(round(limit_W * MW_PER_W)))
             yield
         except BaseException:
             failed = True

@@ -77,13 +77,13 @@ with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prin
     )
 
 from lightning.pytorch import Callback
+from typing_extensions import override
 
 from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.provenance import SIMULATED
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import BYTES_PER_GIB, MJ_PER_J, MW_PER_W
 
-MILLI = 1000  # mW per W, mJ per J
-GIB = 1024**3
 
 # The V100 study: limits 150/200/250/300 W; 150 W is the V100's NVML minimum, 300 W its SXM2 default.
 V100_MIN_LIMIT_W = 150
@@ -91,7 +91,7 @@ V100_MAX_LIMIT_W = 300
 V100_DEFAULT_LIMIT_W = 300
 V100_IDLE_W = 40.0  # an idle V100 SXM2 in persistence mode
 V100_STATIC_W = 60.0  # draw at the lowest clock under load (leakage, memory, fans)
-V100_MEMORY_B = 16 * GIB
+V100_MEMORY_B = 16 * BYTES_PER_GIB
 V100_NAME = "Simulated Tesla V100-SXM2-16GB"
 # DVFS lowers the voltage with the clock down to about 60 % of the maximum clock (then only the clock falls);
 # on the V100's 150-300 W range the clock stays above it, as the V100 study's quadratic curves need.
@@ -123,7 +123,7 @@ class StepModel:
     half_utilisation_batch: float = 64.0
     compute_fraction: float = 0.9
     reference_batch: int = 256
-    base_memory_B: int = 2 * GIB
+    base_memory_B: int = 2 * BYTES_PER_GIB
     per_sample_memory_B: int = 48 * 1024**2
     host_s: float = 0.0
 
@@ -341,7 +341,7 @@ class SimulatedGPU(GPU):
         need = self.step.memory_B(b)
         if need > self.memory_B:
             raise torch.OutOfMemoryError(
-                f"simulated GPU {self.gpu_index}: a batch of {b} needs {need / GIB:.1f} GiB of {self.memory_B / GIB:.1f} GiB"
+                f"simulated GPU {self.gpu_index}: a batch of {b} needs {need / BYTES_PER_GIB:.1f} GiB of {self.memory_B / BYTES_PER_GIB:.1f} GiB"
             )
         with self._lock:
             self._account()
@@ -417,14 +417,14 @@ class SimulatedGPU(GPU):
         return self.name
 
     def get_power_management_limit_constraints(self) -> tuple[int, int]:
-        return (self.min_limit_W * MILLI, self.max_limit_W * MILLI)
+        return (self.min_limit_W * MW_PER_W, self.max_limit_W * MW_PER_W)
 
     def get_power_management_limit(self) -> int:
-        return self._limit_W * MILLI
+        return self._limit_W * MW_PER_W
 
     def get_default_power_management_limit(self) -> int:
         """Default limit (mW), NVML's ``nvmlDeviceGetPowerManagementDefaultLimit``."""
-        return self.default_limit_W * MILLI
+        return self.default_limit_W * MW_PER_W
 
     def _require_permission(self, what: str) -> None:
         if not self.can_set_limits:
@@ -438,14 +438,14 @@ class SimulatedGPU(GPU):
             raise ZeusGPUInvalidArgError(f"power limit {power_limit_mw} mW outside [{low}, {high}] mW")
         with self._lock:
             self._account()
-            self._limit_W = int(round(power_limit_mw / MILLI))
+            self._limit_W = int(round(power_limit_mw / MW_PER_W))
             if self._running_batch is not None:
                 self._power_W = self.step_power_W(batch_size=self._running_batch)
             self.limit_log.append(self._limit_W)
             self.limit_events.append((self.steps_run, self._limit_W))
 
     def reset_power_management_limit(self, block: bool = True) -> None:
-        self.set_power_management_limit(self.default_limit_W * MILLI, block)
+        self.set_power_management_limit(self.default_limit_W * MW_PER_W, block)
 
     def set_persistence_mode(self, enabled: bool, block: bool = True) -> None:
         self._require_permission("set persistence mode")
@@ -478,7 +478,7 @@ class SimulatedGPU(GPU):
 
     def get_instant_power_usage(self) -> int:
         with self._lock:
-            return int(round(self._power_W * MILLI))
+            return int(round(self._power_W * MW_PER_W))
 
     def get_average_memory_power_usage(self) -> int:
         raise ZeusGPUNotSupportedError("the simulated GPU has no separate memory power reading")
@@ -487,7 +487,7 @@ class SimulatedGPU(GPU):
         return True
 
     def get_total_energy_consumption(self) -> int:
-        return int(self.energy_J() * MILLI)
+        return int(self.energy_J() * MJ_PER_J)
 
     def get_gpu_temperature(self) -> int:
         with self._lock:
@@ -526,7 +526,7 @@ class SimulatedGpuSensor(Sensor):
 
     def read_fields(self) -> dict[str, float]:
         gpu = self.gpu
-        return {"power_W": gpu.get_instant_power_usage() / MILLI, "power_limit_W": float(gpu.power_limit_W)}
+        return {"power_W": gpu.get_instant_power_usage() / MW_PER_W, "power_limit_W": float(gpu.power_limit_W)}
 
 
 class SimulatedWorkload(Callback):
@@ -553,13 +553,16 @@ class SimulatedWorkload(Callback):
         self.gpu = gpu
         self.batch_size = batch_size
 
+    @override
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.gpu is None:
             self.gpu = simulated_gpu(self.gpu_index)
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self.gpu.run_step(self.batch_size if self.batch_size is not None else batch_length(batch))
 
+    @override
     def on_train_end(self, trainer, pl_module) -> None:
         self.gpu.stop_workload()
 

@@ -39,14 +39,13 @@ import time
 from typing import Any, Callable, Iterator
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_MJ, W_PER_MW
 
 NVML_COUNTER_UPDATE_PERIOD_S = 0.1  # the total-energy counter advances about every 100 ms
 # A100/H100 (Ampere and newer): the power sensor observes only ~25 ms of each 100 ms period; the instant
 # power is the mean over that window, refreshed with the counter (taken here as the 25 ms before the update)
 NVML_OBSERVED_WINDOW_S = 0.025
 PCIE_READ_INTERVAL_S = 1.0  # each PCIe throughput query blocks ~20 ms in the driver: read it at most 1 Hz
-J_PER_MJ = 1e-3  # joules per millijoule: nvmlDeviceGetTotalEnergyConsumption counts mJ
-W_PER_MW = 1e-3  # watts per milliwatt: nvmlDeviceGetPowerUsage and NVML_FI_DEV_POWER_INSTANT report mW
 
 # nvml.h values (the same numbers as pynvml's constants); used directly so that a pynvml that predates a
 # name, or a stand-in module, still maps correctly.

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_UJ
 
 POWERCAP_ROOT = Path("/sys/class/powercap")
-MICRO = 1e-6
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class RaplSensor(Sensor):
         if self._last_raw_uj is not None and raw < self._last_raw_uj:
             self._wraps += 1
         self._last_raw_uj = raw
-        return (self._wraps * self._max_range_uj + raw) * MICRO
+        return (self._wraps * self._max_range_uj + raw) * J_PER_UJ
 
 
 def find_rapl_zones(root: Path = POWERCAP_ROOT) -> tuple[list[RaplZone], list[Path]]:

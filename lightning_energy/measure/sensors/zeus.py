@@ -15,8 +15,8 @@ import contextlib
 import io
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_MJ, W_PER_MW
 
-MILLI = 1e-3
 ZEUS_EPOCH_WINDOW = "lightning_energy_epoch"
 
 
@@ -101,10 +101,10 @@ class ZeusGpuSensor(Sensor):
         return "energy" if self._counter else "power"
 
     def energy_j(self) -> float:
-        return self._gpus.get_total_energy_consumption(self._index) * MILLI
+        return self._gpus.get_total_energy_consumption(self._index) * J_PER_MJ
 
     def power_w(self) -> float:
-        return self._gpus.get_instant_power_usage(self._index) * MILLI
+        return self._gpus.get_instant_power_usage(self._index) * W_PER_MW
 
 
 class ZeusCpuSensor(Sensor):
@@ -118,4 +118,4 @@ class ZeusCpuSensor(Sensor):
     def energy_j(self) -> float:
         m = self._cpus.get_total_energy_consumption(self._index)
         value = m.dram_mj if self._dram else m.cpu_mj
-        return float(value) * MILLI
+        return float(value) * J_PER_MJ

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lightning_energy.io import atomic_write_json
+from lightning_energy.units import MW_PER_W
 
-MILLI = 1000  # mW per W
 MARKER_FORMAT = "lightning-energy power-limit marker 1"
 STATE_DIR_ENV = "LIGHTNING_ENERGY_STATE_DIR"
 MARKER_MAX_BYTES = 64 * 1024
@@ -145,7 +145,7 @@ def smi_hint(index, limit_mW: int | None = None, persistence: bool | None = None
     """The ``nvidia-smi`` commands that set a card by hand."""
     parts = []
     if limit_mW is not None:
-        parts.append(f"nvidia-smi -i {index} -pl {limit_mW / MILLI:g}")
+        parts.append(f"nvidia-smi -i {index} -pl {limit_mW / MW_PER_W:g}")
     if persistence is not None:
         parts.append(f"nvidia-smi -i {index} -pm {1 if persistence else 0}")
     return " && ".join(parts) or f"nvidia-smi -i {index} -q -d POWER"
@@ -304,7 +304,7 @@ class LimitController:
         self.marker = path
 
     def set_limit(self, limit_W: int) -> None:
-        self.gpu.set_power_management_limit(int(limit_W) * MILLI)
+        self.gpu.set_power_management_limit(int(limit_W) * MW_PER_W)
 
     def restore(self) -> list[str]:
         """Put back the recorded limit and persistence mode; the problems (one line each, with the
@@ -318,7 +318,7 @@ class LimitController:
                 if int(self.gpu.get_power_management_limit()) != before.limit_mW:
                     self.gpu.set_power_management_limit(before.limit_mW)
             except Exception as err:
-                problems.append(f"could not restore the power limit of GPU {self.index} to {before.limit_mW / MILLI:g} W "
+                problems.append(f"could not restore the power limit of GPU {self.index} to {before.limit_mW / MW_PER_W:g} W "
                                 f"({type(err).__name__}: {err}); set it by hand: {smi_hint(self.index, before.limit_mW)}")
             if before.persistence_mode is not None:
                 try:
@@ -348,7 +348,7 @@ def restore_from_marker(marker: Marker, opener: Callable[[int], Any] = open_nvml
     if marker.uuid and uuid and uuid != marker.uuid:
         return [f"{marker.path.name}: NVML GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices changed); "
                 f"find the card with `nvidia-smi -L` and set it by hand: nvidia-smi -i <index> -pl "
-                f"{marker.limit_mW / MILLI:g}"]
+                f"{marker.limit_mW / MW_PER_W:g}"]
     controller = LimitController(gpu, f"restore-power-limit ({marker.owner})")
     controller.before = Settings(marker.limit_mW, marker.persistence_mode)
     problems = controller.restore()

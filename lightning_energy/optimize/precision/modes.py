@@ -1,4 +1,5 @@
 """Numeric precision modes: what each runs, its logged code, where it is available.
+
 Modes (``code`` is the number logged as ``precision/mode``; higher means less precise):
 
 ====  ====================  ==============================================================================
@@ -11,10 +12,6 @@ code  name                  what runs
 4     ``16-mixed``          autocast to float16 with dynamic gradient scaling (``torch.amp.GradScaler``)
 5     ``16-mixed-noscale``  autocast to float16 without gradient scaling
 ====  ====================  ==============================================================================
-
-Switching between ``64-true`` and the other modes after setup is refused with an error: it would change
-the parameters' dtype under the optimizer's state and DDP's gradient buckets, which are both built for
-the dtype present at setup. Use ``64-true`` as a fixed mode from the start of a run.
 """
 
 from __future__ import annotations
