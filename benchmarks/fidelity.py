@@ -23,7 +23,7 @@ thread and no real time: every clock is simulated.
   50→150→50 W over 2 s with 100 and 300 ms steps (the power does NOT change at the boundaries).
 - Windows: contiguous steps (marks at the step boundaries) and epochs of about 10 s (an even number of
   steps), after 1 s of warm-up; 6 epochs per case.
-- Rules: ``old`` is ``lightning_energy/measure/series.py`` as of commit 6b08070 (trapezoid; counter points at the
+- Rules: ``old`` is ``lightning_energy/series.py`` as of commit 6b08070 (trapezoid; counter points at the
   read that saw the move), vendored below as :class:`OldSensorSeries`; ``unaware`` is the current
   ``SensorSeries`` fed without marks, which is the rule of commit 9bd5f86 (trapezoid; counter points at
   their estimated update times, linear between them); ``new`` is the current ``SensorSeries`` fed the
@@ -89,7 +89,7 @@ NOISE_BLOCK_S = 0.01
 
 # ------------------------------------------------------------------------------- baseline (old rule)
 class OldSensorSeries:
-    """BASELINE, vendored: ``SensorSeries`` from ``lightning_energy/measure/series.py`` at commit 6b08070.
+    """BASELINE, vendored: ``SensorSeries`` from ``lightning_energy/series.py`` at commit 6b08070.
 
     Counter points at the time of the read that saw the counter move (or after 1.5 periods without a
     move); power sensors by the trapezoid rule. Only what the figures need is kept.
@@ -599,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "float rounding, 1e-7 %)", "measured_max_error_pct": max(errors),
                                           "met": max(errors) <= 1e-7, "note": "real 2-rank gloo fits"}
     notes = [
-        f"old: lightning_energy/measure/series.py at commit {BASELINE_COMMIT}, vendored in this script as OldSensorSeries "
+        f"old: lightning_energy/series.py at commit {BASELINE_COMMIT}, vendored in this script as OldSensorSeries "
         "(trapezoid; counter points at the read that saw the move); unaware: the current SensorSeries fed no "
         f"marks, i.e. the rule of commit {UNAWARE_COMMIT} (trapezoid; counter points at the estimated update "
         "time, linear between them); new: the current SensorSeries fed the pending marks as the sampler does "
@@ -664,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
             "counter": {"period_s": COUNTER_PERIOD_S, "phase_s": COUNTER_PHASE_S,
                         "update_jitter_s": [-COUNTER_JITTER_S, COUNTER_JITTER_S]},
             "warmup_s": WARMUP_S, "epoch_s_about": EPOCH_S,
-            "baseline": {"rule": "old", "source": f"lightning_energy/measure/series.py at commit {BASELINE_COMMIT}",
+            "baseline": {"rule": "old", "source": f"lightning_energy/series.py at commit {BASELINE_COMMIT}",
                          "vendored_as": "OldSensorSeries"},
         },
         "results": rows,

@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_energy.testing.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
-from lightning_energy.optimize.power_limit.search import (
+from lightning_energy.optimize.power_limit.search import (  # noqa: E402
     AdaptiveSearch,
     ExhaustiveSweep,
     LimitProfile,
     Objective,
     limit_grid,
-)  # noqa: E402
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "power_limit_search.json"
 WAIT_STEPS, WARMUP_STEPS, PROFILE_STEPS, PL_STEP_W = 1, 10, 40, 25  # Zeus's GlobalPowerLimitOptimizer defaults

@@ -23,7 +23,7 @@ from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "lightning_energy" / "bso_server.py"
+LAUNCHER = REPO / "lightning_energy" / "optimize" / "bso_server.py"
 
 
 def server_python() -> str | None:

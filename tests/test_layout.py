@@ -171,3 +171,33 @@ def test_a_cycle_is_found():
     assert cycles(graph) == [["a", "b", "c"]]
     graph["c"] = [("a", False)]  # an import inside a function breaks no import-time cycle
     assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("old", sorted(__import__("lightning_energy._moved", fromlist=["MOVED"]).MOVED))
+def test_old_module_paths_still_import_with_a_deprecation_warning(old, monkeypatch):
+    import importlib
+    import sys
+
+    from lightning_energy._moved import MOVED
+
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.")):
+        alias = importlib.import_module(old)
+    new = importlib.import_module(MOVED[old][0])
+    public = [name for name in vars(new) if not name.startswith("_")]
+    assert public and all(getattr(alias, name) is getattr(new, name) for name in public)
+    with pytest.raises(AttributeError):
+        alias.no_such_name  # noqa: B018
+
+
+def test_old_sensors_package_keeps_the_simulated_sensor(monkeypatch):
+    import importlib
+    import sys
+
+    from lightning_energy import SimulatedSensor
+    from lightning_energy.measure.sensors import Sensor
+
+    monkeypatch.delitem(sys.modules, "lightning_energy.sensors", raising=False)
+    with pytest.warns(DeprecationWarning):
+        old = importlib.import_module("lightning_energy.sensors")
+    assert old.SimulatedSensor is SimulatedSensor and old.Sensor is Sensor
