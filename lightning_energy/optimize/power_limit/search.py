@@ -1,4 +1,5 @@
-"""Power-limit profiling without Lightning: candidate limits, selectors, search strategies, the profile file.
+"""Power-limit profiling without Lightning: candidate limits, selectors, search strategies (the profile file:
+:mod:`lightning_energy.optimize.power_limit.profile_file`).
 
 Selection is Zeus's: the final choice is made by ``zeus.optimizer.power_limit``'s selectors (``Energy``,
 ``Time``, ``ZeusCost`` with eta, ``MaxSlowdownConstraint``) over ``PowerLimitMeasurement`` objects of
@@ -32,16 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
-import os
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
-
-from lightning_energy.io import atomic_write_json
 
 SELECTORS = ("energy", "time", "zeus_cost", "max_slowdown")
 SEARCHES = ("exhaustive", "adaptive")
