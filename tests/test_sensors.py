@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from lightning_energy import Sensor, SimulatedSensor
-from lightning_energy.sensors import estimate, rapl
-from lightning_energy.sensors.base import validate_sensors
-from lightning_energy.sensors.detect import default_sensors, zeus_sensors
-from lightning_energy.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
-from lightning_energy.sensors.zeus import ZeusBackend
+from lightning_energy.measure.sensors import cpu_model as estimate
+from lightning_energy.measure.sensors import rapl
+from lightning_energy.measure.sensors.base import validate_sensors
+from lightning_energy.measure.sensors.detect import default_sensors, zeus_sensors
+from lightning_energy.measure.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
+from lightning_energy.measure.sensors.zeus import ZeusBackend
 
 
 # ------------------------------------------------------------------ base class
@@ -238,7 +239,7 @@ def test_the_process_mode_sensor_does_not_scan_every_pid_at_each_read(monkeypatc
 
 
 def test_the_report_says_which_tdp_and_mode_the_estimate_used():
-    from lightning_energy.report import build_report, format_report
+    from lightning_energy.outputs.report import build_report, format_report
 
     sensor = estimate.CpuEstimateSensor(cpu_model="AMD EPYC", threads=2, load=lambda: 0.5)
     summary = {"duration_s": 10.0, "train_J": 30.0, "validation_J": 0.0,
@@ -264,7 +265,7 @@ def test_system_load_from_proc_stat(tmp_path, monkeypatch):
 
 
 def test_cpu_estimate_is_read_at_most_every_100_ms(manual_sampler, clock):
-    from lightning_energy.meter import Meter
+    from lightning_energy.measure.meter import Meter
 
     reads = []
 
@@ -402,7 +403,7 @@ def test_zeus_backend_reads_through_the_monitor_device_layer():
 
 
 def test_zeus_backend_without_devices_fails_with_a_clear_message(monkeypatch):
-    from lightning_energy.sensors.zeus import _import_zeus_monitor
+    from lightning_energy.measure.sensors.zeus import _import_zeus_monitor
 
     _import_zeus_monitor()  # imports zeus quietly (amdsmi prints without ROCm)
     from zeus.device.cpu.common import ZeusCPUInitError
@@ -441,6 +442,6 @@ def test_zeus_epoch_figure_leaves_validation_out():
 
 
 def test_import_prints_nothing():
-    code = "import lightning_energy, lightning_energy.sensors.zeus, lightning_energy.sensors.detect"
+    code = "import lightning_energy, lightning_energy.measure.sensors.zeus, lightning_energy.measure.sensors.detect"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == ""

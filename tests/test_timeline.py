@@ -316,7 +316,7 @@ def test_epoch_figures_do_not_wait_for_samples(tmp_path):
     logger = RecordingLogger(tmp_path)
     callback = EnergyCallback(sensors=sensors(), verbose=False, interval_s=0.2)  # samples far apart
     waits, training = [], threading.Event()
-    from lightning_energy.meter import Meter
+    from lightning_energy.measure.meter import Meter
 
     original = Meter.wait
 
@@ -388,7 +388,7 @@ def test_epochs_too_short_for_a_picture_get_no_power_figure_and_the_report_says_
 def test_the_fit_starts_after_a_first_sample_even_when_the_sampling_thread_starts_late(tmp_path, monkeypatch):
     """On a loaded machine the new sampling thread may wait for a core; the start mark must still fall after
     a first sample, so no part of the fit is extrapolated beyond one sampling interval (the trace's rule)."""
-    from lightning_energy import sampler as sampler_module
+    from lightning_energy.measure import sampler as sampler_module
     from lightning_energy.analysis.runs import load_run
 
     run_thread = sampler_module.Sampler._run

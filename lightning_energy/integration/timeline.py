@@ -35,8 +35,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
-from lightning_energy.meter import EnergyWindow, Mark, Measurement, Meter, measure
-from lightning_energy.sampler import Sampler
+from lightning_energy.measure.meter import EnergyWindow, Mark, Measurement, Meter, measure
+from lightning_energy.measure.sampler import Sampler
 
 LOOP_KINDS = ("val", "test", "predict")
 RETAIN_MARGIN_S = 1.0  # points kept before a boundary whose common time is settled later (DDP)
@@ -566,7 +566,7 @@ def _is_distributed(trainer) -> bool:
 
 
 def _gather(trainer, value: Any) -> list[Any]:
-    from lightning_energy import distributed
+    from lightning_energy.measure import ranks as distributed
 
     return distributed.gather(trainer, value)
 
