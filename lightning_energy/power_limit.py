@@ -376,13 +376,12 @@ class AdaptiveSearch:
         sigma = self.noise_level(profiled)
         top = done[-1]
         actions = []  # (possible gain beyond the tolerance, limit to profile)
-        for lo, hi in zip(done, done[1:]) if gaps else ():
+        convex = gaps and self._looks_convex(done, sigma)
+        for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
             if not inside:
                 continue
-            power_W = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
-            time_s = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
-            bound = float(self.objective.cost_of(power_W * time_s, time_s, top.limit_W, top.time_per_step_s))
+            bound = self._gap_bound(done, i, sigma, convex)
             gain = (best_cost - bound) / best_cost - self.tolerance
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
@@ -397,6 +396,52 @@ class AdaptiveSearch:
             if gain > 0 and again is not None:
                 actions.append((gain, again.limit_W))
         return max(actions)[1] if actions else None
+
+    def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool) -> float:
+        """A lower bound on the cost of any limit between ``done[i]`` and ``done[i + 1]`` (sorted by limit).
+
+        Monotonic facts: power at least ``P(lo)``, time at least ``T(hi)``, each less its noise margin.
+        ``convex``: the card's operating points also lie on one curve of time against power that is convex
+        (a limit only picks the clock; time goes as 1/clock, power is convex increasing in the clock), so
+        time inside the gap is also above the secants through the gap's ends and their outer neighbours,
+        extended into the gap (with the noise margins set against the bound)."""
+        lo, hi = done[i], done[i + 1]
+        top = done[-1]
+        power_lo = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
+        time_floor = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
+        if not convex:
+            return float(self.objective.cost_of(power_lo * time_floor, time_floor, top.limit_W, top.time_per_step_s))
+        power_hi = max(hi.mean_power_W * (1.0 + math.sqrt(2.0) * self._margin(sigma, hi)), power_lo)
+        power = np.linspace(power_lo, power_hi, 65)
+        time = np.full_like(power, time_floor)
+        lines = []
+        if i >= 1:  # through the lower neighbour and lo, extended to higher power
+            lines.append((done[i - 1], 1.0, lo, -1.0))
+        if i + 2 < len(done):  # through hi and its upper neighbour, extended to lower power
+            lines.append((hi, -1.0, done[i + 2], 1.0))
+        for a, sign_a, b, sign_b in lines:
+            ta = a.time_per_step_s * (1.0 + sign_a * self._margin(sigma, a))
+            tb = b.time_per_step_s * (1.0 + sign_b * self._margin(sigma, b))
+            if b.mean_power_W - a.mean_power_W <= 1e-9 * b.mean_power_W:
+                continue
+            slope = (tb - ta) / (b.mean_power_W - a.mean_power_W)
+            anchor_P, anchor_T = (b.mean_power_W, tb) if sign_b < 0 else (a.mean_power_W, ta)
+            time = np.maximum(time, anchor_T + slope * (power - anchor_P))
+        costs = self.objective.cost_of(power * time, time, top.limit_W, top.time_per_step_s)
+        return float(np.min(costs))
+
+    def _looks_convex(self, done: list[LimitProfile], sigma: float) -> bool:
+        """False when three operating points (power, time) break the convexity of time against power beyond
+        :data:`FALLBACK_Z` standard deviations: the secant bounds are then not used."""
+        points = [(p.mean_power_W, p.time_per_step_s, p.window_count) for p in done]
+        for (p0, t0, n0), (p1, t1, n1), (p2, t2, n2) in zip(points, points[1:], points[2:]):
+            if p2 - p0 <= 1e-9 * p2:
+                continue
+            chord = t0 + (t2 - t0) * (min(max(p1, p0), p2) - p0) / (p2 - p0)
+            slack = FALLBACK_Z * sigma * math.sqrt(1.0 / n0 + 1.0 / n1 + 1.0 / n2)
+            if t1 > chord * (1.0 + slack):
+                return False
+        return True
 
     def _settle(self, profiled: Mapping[int, LimitProfile]) -> int | None:
         """After the exhaustive fallback has profiled everything: only near-ties are repeated."""
