@@ -54,11 +54,11 @@ DEFAULT_TOLERANCE = 0.02  # a pick is good within 2 % of the optimum (the benchm
 # the measurements show 3-5 %; the estimate from repeats is pooled with this prior (weight PRIOR_DOF).
 DEFAULT_NOISE = 0.03
 PRIOR_DOF = 2.0
-CONFIDENCE_Z = 1.0  # near-ties: a rival within this many standard deviations of the best is profiled again
+CONFIDENCE_Z = 1.5  # near-ties: a rival within this many standard deviations of the best is profiled again
 GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
-DEFAULT_MAX_REPEATS = 2  # most extra windows of one limit
-DEFAULT_REPEAT_BUDGET = 4  # most extra windows of a search (the noise calibration included)
+DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
+DEFAULT_REPEAT_BUDGET = 8  # most extra windows of a search (the noise calibration included): success before steps
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
