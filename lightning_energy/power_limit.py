@@ -275,8 +275,18 @@ class AdaptiveSearch:
     - a gap between two profiled limits ``lo < hi`` holding unprofiled ones: its lower bound on the cost
       (time per step at least ``T(hi)``, mean power at least ``P(lo)``, each less its noise margin) is
       below the best cost; its middle limit is profiled;
-    - a profiled limit whose cost is within noise of the best: the one of the pair with fewer windows is
-      profiled again (a limit gets at most ``1 + max_repeats`` windows).
+    - a profiled limit whose cost is within noise of the best (:data:`CONFIDENCE_Z` standard deviations):
+      a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
+      its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
+      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``.
+
+    Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
+    only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
+    against power on it is convex (time goes as 1/clock, power is convex increasing in the clock; the
+    throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
+    through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
+    stops once it has profiled as many windows as the sweep (every limit) plus the noise calibration:
+    beyond that it would cost more than the sweep.
 
     For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
     limit whose time is within noise of the threshold. Profiles that break monotonic time (or, for cost
@@ -316,6 +326,7 @@ class AdaptiveSearch:
             raise ValueError(f"`repeat_budget` must be an integer >= 0, got {repeat_budget!r}")
         self.repeat_budget = repeat_budget
         self._repeats_left = repeat_budget
+        self._split_limits: set[int] = set()  # limits profiled to split a near-tie (they count as repeats)
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
     def plan(self) -> dict:
@@ -345,7 +356,9 @@ class AdaptiveSearch:
         Every value in ``profiled`` must be known (merged windows of each limit)."""
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
-        self._repeats_left = self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
+        self._split_limits &= set(profiled)  # a fresh search on the same object starts again
+        self._repeats_left = (self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
+                              - len(self._split_limits))
         top = self.grid[0]
         if top not in profiled:
             return top
@@ -357,6 +370,8 @@ class AdaptiveSearch:
         if self.fell_back(profiled):
             rest = next((limit for limit in self.grid if limit not in profiled), None)
             return rest if rest is not None else self._settle(profiled)
+        if sum(p.window_count for p in profiled.values()) >= len(self.grid) + 1:
+            return None  # as many windows as the sweep's and the calibration: more would cost more than the sweep
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
@@ -375,7 +390,7 @@ class AdaptiveSearch:
         best_cost = costs[best.limit_W]
         sigma = self.noise_level(profiled)
         top = done[-1]
-        actions = []  # (possible gain beyond the tolerance, limit to profile)
+        actions = []  # (possible gain beyond the tolerance, limit to profile, whether it splits a near-tie)
         convex = gaps and self._looks_convex(done, sigma)
         for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
@@ -385,17 +400,30 @@ class AdaptiveSearch:
             gain = (best_cost - bound) / best_cost - self.tolerance
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
-                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit))))
+                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit)), False))
         for p in done:
             if p is best:
                 continue
             spread = sigma * math.hypot(best_cost / math.sqrt(best.window_count),
                                         costs[p.limit_W] / math.sqrt(p.window_count))
             gain = (best_cost - costs[p.limit_W] + CONFIDENCE_Z * spread) / best_cost - self.tolerance
+            if gain <= 0:
+                continue
+            low, high = sorted((best.limit_W, p.limit_W))
+            between = [limit for limit in self.grid if low < limit < high and limit not in profiled] if gaps else []
+            if between and self._repeats_left > 0:  # a new limit between the two: another candidate (counted)
+                middle = (low + high) / 2
+                actions.append((gain, min(between, key=lambda limit: (abs(limit - middle), -limit)), True))
+                continue
             again = min((q for q in (best, p) if self._can_repeat(q)), key=lambda q: q.window_count, default=None)
-            if gain > 0 and again is not None:
-                actions.append((gain, again.limit_W))
-        return max(actions)[1] if actions else None
+            if again is not None:
+                actions.append((gain, again.limit_W, False))
+        if not actions:
+            return None
+        _, limit, splits = max(actions)
+        if splits:
+            self._split_limits.add(limit)
+        return limit
 
     def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool) -> float:
         """A lower bound on the cost of any limit between ``done[i]`` and ``done[i + 1]`` (sorted by limit).
