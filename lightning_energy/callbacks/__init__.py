@@ -9,10 +9,10 @@ from __future__ import annotations
 from lightning_energy.lazy import lazy_names
 
 _CALLBACKS: dict[str, str] = {
-    "BatchSampleEstimate": "batch_sample", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "bso",
+    "BatchSampleEstimate": "batch_sample_estimate", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "zeus_batch_size",
     "CarbonCallback": "carbon", "CatalogCallback": "catalog", "EnergyCallback": "energy",
-    "EnergyToAccuracy": "eta", "ForecastCallback": "forecast", "FlopsCallback": "flops",
-    "PowerLimitOptimizer": "power_limit", "PrecisionSwitch": "precision", "EnergyPredictionCheck": "prediction",
+    "EnergyToAccuracy": "energy_to_accuracy", "ForecastCallback": "forecast", "FlopsCallback": "flops",
+    "PowerLimitOptimizer": "power_limit", "PrecisionSwitch": "precision", "EnergyPredictionCheck": "prediction_check",
     "EnergyProfiler": "profiler",
 }
 
