@@ -17,7 +17,9 @@ true pick.
 
 Goal (issue 15), per family and selector: the adaptive search succeeds at least as often as the sweep with
 at most half its profiling steps; where that cannot hold it should spend more steps, never pick worse.
-Both are reported per family x selector (all cards and noise levels pooled) and per card.
+Both are reported per family x selector (all cards and noise levels pooled) and per card, for the families
+above (``--sets tuned``: the search was developed against them) and for held-out families, cards and noise
+seeds it was never run on while being developed (``--sets held-out``: ``HELD_OUT_FAMILIES``, seed + 1000).
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 100]``; writes
 ``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb it.
@@ -97,6 +99,40 @@ def family_gpu(family: str, card: str) -> SimulatedGPU:
 FAMILIES = ("quadratic (V100 study)", "interior optimum", "voltage-floor kink", "memory-bound (flat)", "flat top",
             "cliff (clock floor)", "clock-bin plateaus", "host-bound")
 
+# Held out: curve families, cards and noise seeds the search was never tuned on (other parameters, other ranges).
+HELD_OUT_CARDS = {  # name: (min W, max W, static W, idle W)
+    "A40 100-300 W": (100, 300, 70.0, 30.0),
+    "RTX 4090 150-450 W": (150, 450, 90.0, 25.0),
+    "L40S 200-350 W": (200, 350, 90.0, 35.0),
+}
+HELD_OUT_FAMILIES = {  # name: (demand as a multiple of the max limit, compute fraction, host share, card options)
+    "steep, low voltage floor": (1.35, 0.9, 0.0, {"voltage_floor": 0.5}),
+    "deep voltage floor": (1.3, 0.9, 0.0, {"voltage_floor": 0.9}),
+    "high cliff": (1.16, 0.9, 0.0, {"clock_floor": 0.88, "throttle_clock": 0.5}),
+    "cliff with clock bins": (1.16, 0.85, 0.0, {"clock_floor": 0.7, "throttle_clock": 0.4, "clock_bins": 8}),
+    "fine clock bins": (1.2, 0.9, 0.0, {"clock_bins": 16, "voltage_floor": 0.75}),
+    "half memory-bound, host 20 %": (1.16, 0.5, 0.2, {}),
+    "light step": (0.9, 0.8, 0.0, {}),
+}
+HELD_OUT_SEED_OFFSET = 1000
+
+
+def held_out_gpu(family: str, card: str) -> SimulatedGPU:
+    """The simulated card of one held-out curve family (parameters the search was not tuned on)."""
+    low, high, static, idle = HELD_OUT_CARDS[card]
+    demand, compute_fraction, host_share, options = HELD_OUT_FAMILIES[family]
+    step = StepModel(demand_W=demand_for(demand * high, static), compute_fraction=compute_fraction)
+    if host_share:
+        step = dataclasses.replace(step, host_s=host_share * step.full_clock_time_s(256) / (1 - host_share))
+    return SimulatedGPU(gpu_index=98, min_limit_W=low, max_limit_W=high, default_limit_W=high, step=step,
+                        static_W=static, idle_W=idle, **options)
+
+
+CURVE_SETS = {  # name: (families, cards, card factory, seed offset)
+    "tuned": (FAMILIES, CARDS, family_gpu, 0),
+    "held-out": (tuple(HELD_OUT_FAMILIES), HELD_OUT_CARDS, held_out_gpu, HELD_OUT_SEED_OFFSET),
+}
+
 
 def true_profiles(gpu: SimulatedGPU, grid: list[int]) -> dict[int, LimitProfile]:
     return {x: LimitProfile(x, gpu.step_energy_J(x) * PROFILE_STEPS, gpu.step_time_s(x) * PROFILE_STEPS,
@@ -132,12 +168,13 @@ def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int,
     return steps, windows, search.choose(seen)
 
 
-def benchmark(reps: int, seed: int) -> list[dict]:
-    rng = np.random.default_rng(seed)
+def benchmark(reps: int, seed: int, curve_set: str = "tuned") -> list[dict]:
+    families, cards, make_gpu, seed_offset = CURVE_SETS[curve_set]
+    rng = np.random.default_rng(seed + seed_offset)
     cases = []
-    for family in FAMILIES:
-        for card in CARDS:
-            gpu = family_gpu(family, card)
+    for family in families:
+        for card in cards:
+            gpu = make_gpu(family, card)
             grid = limit_grid(gpu.min_limit_W, gpu.max_limit_W, PL_STEP_W)
             truth = true_profiles(gpu, grid)
             for selector, knobs in SELECTORS:
@@ -181,11 +218,13 @@ def block(selected: list[dict]) -> dict:
 
 def summarise(cases: list[dict]) -> dict:
     selectors = list(dict.fromkeys(c["selector"] for c in cases))
+    families = list(dict.fromkeys(c["family"] for c in cases))
+    cards = list(dict.fromkeys(c["card"] for c in cases))
     return {
         "by_family_and_selector": {f: {s: block([c for c in cases if c["family"] == f and c["selector"] == s])
-                                       for s in selectors} for f in FAMILIES},
+                                       for s in selectors} for f in families},
         "by_family_and_card": {f: {card: block([c for c in cases if c["family"] == f and c["card"] == card])
-                                   for card in CARDS} for f in FAMILIES},
+                                   for card in cards} for f in families},
         "by_noise": {f"{noise:.0%}": block([c for c in cases if c["noise"] == noise]) for noise in NOISE_LEVELS},
         "all": block(cases),
     }
@@ -211,35 +250,52 @@ def format_tables(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def goal_line(summary: dict) -> str:
+    pairs = summary["by_family_and_selector"]
+    met = sum(b["goal_met"] for f in pairs.values() for b in f.values())
+    lower = [(f, s) for f, by in pairs.items() for s, b in by.items() if not b["success_not_lower"]]
+    return (f"goal (success >= sweep at <= {GOAL_STEP_RATIO} of its steps) met for {met} of "
+            f"{sum(len(f) for f in pairs.values())} family x selector pairs; lower success than the sweep: "
+            f"{', '.join(f'{f} / {s}' for f, s in lower) or 'none'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100, help="repetitions per noisy case (default 100)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sets", nargs="+", choices=sorted(CURVE_SETS), default=["tuned", "held-out"],
+                        help="curve sets: the families the search was tuned on, and held-out families, cards and "
+                             f"seeds (seed + {HELD_OUT_SEED_OFFSET})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
     start = time.perf_counter()
-    cases = benchmark(args.reps, args.seed)
-    summary = summarise(cases)
     print("power-limit search: success = the pick's true cost within 2 % of the optimum; steps = Zeus's "
           f"{WAIT_STEPS} wait + ({WARMUP_STEPS} warm-up after a limit change + {PROFILE_STEPS} profile) per window, "
           f"{PL_STEP_W} W grid; noisy cases x {args.reps}")
-    print(format_tables(summary))
-    pairs = summary["by_family_and_selector"]
-    met = sum(b["goal_met"] for f in pairs.values() for b in f.values())
-    lower = [(f, s) for f, by in pairs.items() for s, b in by.items() if not b["success_not_lower"]]
-    print(f"\ngoal (success >= sweep at <= {GOAL_STEP_RATIO} of its steps) met for {met} of "
-          f"{sum(len(f) for f in pairs.values())} family x selector pairs; lower success than the sweep: "
-          f"{', '.join(f'{f} / {s}' for f, s in lower) or 'none'}")
+    results = {}
+    for curve_set in args.sets:
+        families, cards, _, seed_offset = CURVE_SETS[curve_set]
+        cases = benchmark(args.reps, args.seed, curve_set)
+        summary = summarise(cases)
+        print(f"\n######## curve set: {curve_set} (noise seed {args.seed + seed_offset})")
+        print(format_tables(summary))
+        print("\n" + goal_line(summary))
+        results[curve_set] = {
+            "summary": summary,
+            "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive")}
+                      | {name: {"success": float(np.mean(c[name]["good"])),
+                                "steps_mean": float(np.mean(c[name]["steps"]))} for name in ("sweep", "adaptive")}
+                      for c in cases],
+            "families": list(families), "cards": {k: list(v) for k, v in cards.items()},
+            "seed": args.seed + seed_offset,
+        }
     result = {
-        "summary": summary,
-        "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive")}
-                  | {name: {"success": float(np.mean(c[name]["good"])), "steps_mean": float(np.mean(c[name]["steps"]))}
-                     for name in ("sweep", "adaptive")} for c in cases],
+        "sets": results,
         "settings": {"wait_steps": WAIT_STEPS, "warmup_steps": WARMUP_STEPS, "profile_steps": PROFILE_STEPS,
                      "pl_step_W": PL_STEP_W, "within": WITHIN, "noise_levels": list(NOISE_LEVELS), "reps": args.reps,
-                     "seed": args.seed, "families": list(FAMILIES), "cards": {k: list(v) for k, v in CARDS.items()}},
+                     "seed": args.seed},
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "note": "simulated clocks: counted steps, no timing"},
         "wall_s": time.perf_counter() - start,

@@ -19,10 +19,12 @@ Pick stability: ``--repeats`` fits (default 5) of one and the same config, ``Pre
 ``32-true`` and ``bf16-mixed`` (warm-up 5, 20 profiled steps a mode), for each batch size of
 ``--stability-batches``, and once more as an A/A test at batch 512 (``--no-aa`` leaves it out): the model
 turns autocast off inside ``training_step``, so both "modes" run the same float32 arithmetic and are at
-parity by construction; only the machine's timing noise tells them apart. Two rules, run alternately in
-the same process: the pick beyond noise
-(95 % Student-t bound, up to 3 profiling rounds, else 32-true) and the mean of one round (what the callback
-did before: the lower mean wins, whatever the noise; ``confidence`` ~0, one round). A rule is stable when
+parity by construction; only the machine's timing noise tells them apart. Three rules, run alternately in
+the same process: the pick beyond the A/A noise floor (the default: 32-true profiled again at the end of
+every round, 95 % Student-t bound over the larger of the per-step, round and A/A window spread, up to 3
+rounds, else 32-true), the pick beyond noise without the floor (one 32-true window a round, per-step and
+round spread only: the previous rule) and the mean of one round (the first rule: the lower mean wins,
+whatever the noise; ``confidence`` ~0, one round). A rule is stable when
 every repeat picks the same mode.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/precision.py [--steps 200] [--modes 32-true bf16-mixed]
@@ -77,9 +79,13 @@ AUTO_CANDIDATES = ("32-true", "tf32", "bf16-mixed", "16-mixed", "16-mixed-noscal
 STABILITY_CANDIDATES = ("32-true", "bf16-mixed")
 STABILITY_WARMUP, STABILITY_PROFILE, STABILITY_ROUNDS = 5, 20, 3
 RULES = {  # PrecisionSwitch arguments of each pick rule
-    "beyond noise": {"confidence": 0.95, "max_profile_rounds": STABILITY_ROUNDS},
-    "mean of one round": {"confidence": 1e-9, "max_profile_rounds": 1},  # a bound of ~0: the lower mean wins
+    "A/A floor": {"confidence": 0.95, "max_profile_rounds": STABILITY_ROUNDS, "noise_floor": True},
+    "beyond noise": {"confidence": 0.95, "max_profile_rounds": STABILITY_ROUNDS, "noise_floor": False},
+    # a bound of ~0: the lower mean wins
+    "mean of one round": {"confidence": 1e-9, "max_profile_rounds": 1, "noise_floor": False},
 }
+# enough steps for every round of the longest rule: the candidates and 32-true's A/A window
+STABILITY_STEPS = STABILITY_ROUNDS * (len(STABILITY_CANDIDATES) + 1) * (STABILITY_WARMUP + STABILITY_PROFILE) + 10
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "precision.json"
 
 
@@ -185,7 +191,7 @@ def fit_once(callback: PrecisionSwitch, steps: int, train: torch.Tensor, held_ou
 
 def stability_fit(rule: str, batch: int, train: torch.Tensor, same_arithmetic: bool = False) -> dict[str, Any]:
     """One fit in which PrecisionSwitch picks between STABILITY_CANDIDATES under ``rule``."""
-    steps = STABILITY_ROUNDS * len(STABILITY_CANDIDATES) * (STABILITY_WARMUP + STABILITY_PROFILE) + 10
+    steps = STABILITY_STEPS
     callback = PrecisionSwitch(candidates=list(STABILITY_CANDIDATES), tolerance=0.02, warmup_steps=STABILITY_WARMUP,
                                profile_steps=STABILITY_PROFILE, check_every_n_steps=0, verbose=False, **RULES[rule])
     torch.manual_seed(0)
@@ -205,7 +211,7 @@ def stability_fit(rule: str, batch: int, train: torch.Tensor, same_arithmetic: b
 def stability(configs: list[tuple[int, bool]], repeats: int) -> list[dict]:
     """``repeats`` fits per (batch, same_arithmetic) config and rule, the rules alternating (the same machine
     state for both)."""
-    steps = STABILITY_ROUNDS * len(STABILITY_CANDIDATES) * (STABILITY_WARMUP + STABILITY_PROFILE) + 10
+    steps = STABILITY_STEPS
     fits = []
     for batch, same_arithmetic in configs:
         train, _ = make_data(steps * batch)

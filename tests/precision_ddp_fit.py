@@ -46,7 +46,7 @@ if __name__ == "__main__":
     sensor = ModePowerSensor(WATTS[rank])
     switch = PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"], tolerance=0.5, warmup_steps=1,
                              profile_steps=3, check_every_n_steps=2, sensors=[sensor], interval_s=SAMPLER_INTERVAL_S,
-                             confidence=0.5, min_profile_rounds=1,  # real time, 3 steps: a bound of ~0.8 standard
+                             confidence=0.5, min_profile_rounds=1, noise_floor=False,  # real time, 3 steps: a bound of ~0.8 standard
                              verbose=False)  # errors; one round (the 1000x gaps need no confirmation)
     trainer = L.Trainer(
         strategy="ddp", accelerator="cpu", devices=2, max_epochs=2, default_root_dir=out_dir,

@@ -78,7 +78,8 @@ class Run:
 
 def make_switch(**kwargs) -> PrecisionSwitch:
     kwargs = {"candidates": ["32-true", "bf16-mixed"], "tolerance": 0.5, "warmup_steps": 1, "profile_steps": 2,
-              "check_every_n_steps": 3, "probe_batches": 2, "min_profile_rounds": 1, "verbose": False,
+              "check_every_n_steps": 3, "probe_batches": 2, "min_profile_rounds": 1, "noise_floor": False,
+              "verbose": False,
               **kwargs}
     return PrecisionSwitch(**kwargs)
 

@@ -261,3 +261,48 @@ def test_the_simulated_config_picks_the_same_limit_every_run_from_the_simulators
             assert p.time_per_step_s == pytest.approx(gpu.step_time_s(limit, 256), rel=1e-9)
         picks.append(callback.chosen_limit_W)
     assert len(set(picks)) == 1, picks
+
+
+# ------------------------------------------------------------------------------------------ convex operating curve
+def a100_like(**options) -> tuple[list[int], dict[int, LimitProfile]]:
+    step = StepModel(demand_W=80.0 + (1.16 * 400 - 80.0) / 0.8)
+    gpu = SimulatedGPU(gpu_index=94, min_limit_W=100, max_limit_W=400, default_limit_W=400, static_W=80.0,
+                       idle_W=50.0, step=step, **options)
+    grid = limit_grid(100, 400, 25)
+    return grid, model_profiles(gpu, grid)
+
+
+def test_time_against_power_is_convex_so_far_gaps_of_a_smooth_curve_are_not_profiled():
+    """Exact figures of a smooth card (energy optimum at 175 W of 100-400 W): a limit only picks the clock,
+    so the operating points lie on one convex curve of time against power, and the secants through the
+    profiled points bound the far gap 250-400 W above the best energy. Monotonic bounds alone (power at
+    least P(250), time at least T(400)) cannot rule that gap out: the old search profiled in it."""
+    grid, truth = a100_like()
+    order, seen, chosen = drive(AdaptiveSearch(grid, Objective("energy")), truth)
+    assert chosen == Objective("energy").select(list(truth.values())) == 175
+    assert not any(250 < limit < 400 for limit in order), order
+
+
+def test_a_cliff_still_gets_its_gap_profiled_under_the_convex_bound():
+    """The throttled limits (below a clock floor) are one operating point: the curve stays convex, and the
+    secant from the right of the cliff still bounds the gap below the flat part, so the cliff edge is found."""
+    grid, truth = a100_like(clock_floor=0.78, throttle_clock=0.35)
+    for objective in (Objective("energy"), Objective("zeus_cost", eta_knob=0.8)):
+        order, seen, chosen = drive(AdaptiveSearch(grid, objective), truth)
+        assert chosen == objective.select(list(truth.values())), objective.selector
+
+
+def test_the_search_never_profiles_more_windows_than_the_sweep_and_its_calibration():
+    """5 % noise, 60 seeded repetitions on a 7-limit range: the settling windows (repeats, limits between a
+    near-tie) stop where the sweep's own count (plus the noise calibration) is reached; the old search could
+    go beyond (every limit and then its repeat budget)."""
+    gpu = SimulatedGPU(gpu_index=93, step=StepModel(demand_W=80.0 + (1.16 * 300 - 60.0) / 0.8))
+    truth = model_profiles(gpu, GRID)
+    rng = np.random.default_rng(11)
+    for objective in (Objective("energy"), Objective("zeus_cost", eta_knob=0.2)):
+        for _ in range(60):
+            table = 1 + 0.05 * rng.standard_normal((len(GRID), 12, 2))
+            search = AdaptiveSearch(GRID, objective)
+            order, seen, _ = drive(search, truth, lambda limit, k, table=table: tuple(table[GRID.index(limit), k]))
+            if not search.fell_back(seen):
+                assert len(order) <= len(GRID) + 1, order

@@ -53,6 +53,7 @@ def switch(sensor=None, **kwargs) -> PrecisionSwitch:
     kwargs.setdefault("profile_steps", 3)
     kwargs.setdefault("check_every_n_steps", 2)
     kwargs.setdefault("min_profile_rounds", 1)  # the cost models' gaps settle in one round (pairs: tested apart)
+    kwargs.setdefault("noise_floor", False)  # one 32-true window a round (the A/A noise floor: tested apart)
     kwargs.setdefault("verbose", False)
     return PrecisionSwitch(sensors=[sensor] if sensor is not None else None, interval_s=SAMPLER_INTERVAL_S, **kwargs)
 
@@ -676,7 +677,8 @@ def test_lightning_cli_config_fits_and_logs_the_profiled_modes(tmp_path, monkeyp
         assert logged[f"precision/{name}/step_J"] == pytest.approx(power_W * step_s, rel=1e-9)
         assert step_s == pytest.approx(callback.profiles[name]["step_s"], rel=1e-6)
     assert callback.chosen == "bf16-mixed" == cli.trainer.precision_plugin.mode_name  # the cheapest in J/step
-    assert logged["precision/switches"] == 4.0 and logged["precision/mode"] == MODES["bf16-mixed"].code
+    # four modes, 32-true once more (the A/A pair of the noise floor), then the pick
+    assert logged["precision/switches"] == 5.0 and logged["precision/mode"] == MODES["bf16-mixed"].code
 
 
 # ---------------------------------------------------------------------------------------------- DDP, GPU
@@ -893,3 +895,76 @@ def test_the_guard_replays_several_batches_per_check(tmp_path, clock):
     assert (fallback["from"], fallback["to"], fallback["step"]) == ("bf16-mixed", "32-true", 18)
     assert "at 2 checks in a row" in fallback["reason"]
     assert callback.report["probe"]["steps"] == 5 + 2 * 4  # bf16-mixed's profile, then 4 per check
+
+
+# ---------------------------------------------------------------------------------------------- the A/A noise floor
+def profile_on_a_wandering_machine(seed: int, noise_floor: bool, bf16_watts: float = 100.0,
+                                   max_rounds: int = 3) -> tuple[str, int, dict]:
+    """Profiling rounds as the callback runs them (``round_order``, every other round reversed, ``settle_mode``
+    after each, 1 warm-up + 4 profiled steps a window) on fake time: a machine whose speed wanders slowly
+    (log step time an AR(1) process, 15 % spread, correlation 0.97 per step: a shared VM's load) plus 2 %
+    per-step noise. 32-true draws 100 W; returns (chosen, rounds, profiles)."""
+    import random
+
+    from lightning_energy.callbacks.precision import merge_profiles, round_order
+
+    rng = random.Random(seed)
+    plan, watts = ["32-true", "bf16-mixed"], {"32-true": 100.0, "bf16-mixed": bf16_watts}
+    local: dict = {}
+    step, speed = 0, 0.15 * rng.gauss(0.0, 1.0)
+    order = round_order(plan, noise_floor)
+    for profile_round in range(max_rounds):
+        for window, mode in enumerate(order):
+            part = local.setdefault(mode, {"per_step": [], "stats": [0.0] * 6, "failure": None})
+            for k in range(1 + 4):
+                speed = 0.97 * speed + math.sqrt(1 - 0.97**2) * 0.15 * rng.gauss(0.0, 1.0)
+                seconds = 0.01 * math.exp(speed) * (1 + 0.02 * max(-3.0, min(3.0, rng.gauss(0.0, 1.0))))
+                if k >= 1:
+                    part["per_step"].append([step, watts[mode] * seconds, seconds, profile_round, window])
+                step += 1
+        profiles = merge_profiles([local], plan)
+        decision = settle_mode(profiles, 0.5, "energy", 0.95, profile_round + 1 >= max_rounds, profile_round + 1, 2)
+        if decision["chosen"] is not None:
+            return decision["chosen"], profile_round + 1, profiles
+        order = round_order([m for m in plan if m in decision["contenders"]], noise_floor)
+        if (profile_round + 1) % 2:
+            order.reverse()
+    raise AssertionError("the last round must decide")
+
+
+def test_the_aa_noise_floor_stops_false_picks_on_a_wandering_machine():
+    """The same cost in both modes on a machine whose speed wanders: in rounds AB, BA the candidate sits in
+    the middle of the pair of rounds and the reference at its ends, so a slow bump in speed gives the
+    candidate a steady lead that neither the per-step spread nor the two round means show (the rule of one
+    reference window a round picks bf16-mixed in some of 300 seeded fits). With the reference profiled again
+    at the end of every round, the A/A pairs measure that noise: no false pick in the 300."""
+    old = [profile_on_a_wandering_machine(seed, noise_floor=False)[0] for seed in range(300)]
+    new = [profile_on_a_wandering_machine(seed, noise_floor=True)[0] for seed in range(300)]
+    assert old.count("bf16-mixed") >= 3
+    assert new.count("bf16-mixed") == 0
+
+
+def test_the_aa_noise_floor_still_finds_a_real_difference():
+    """bf16-mixed draws 30 % less on the same wandering machine: the rule with the noise floor finds it about
+    as often as the rule without (both within 3 rounds), and its floor is the A/A pairs' spread."""
+    old = [profile_on_a_wandering_machine(seed, False, bf16_watts=70.0)[0] for seed in range(100)]
+    runs = [profile_on_a_wandering_machine(seed, True, bf16_watts=70.0) for seed in range(100)]
+    new = [chosen for chosen, _, _ in runs]
+    assert new.count("bf16-mixed") >= 70 and new.count("bf16-mixed") >= old.count("bf16-mixed") - 5
+    chosen, rounds, profiles = runs[0]
+    reference = profiles["32-true"]
+    assert reference["aa_pairs"] == rounds and reference["windows"] == 2 * rounds
+    assert profiles["bf16-mixed"]["aa_pairs"] == 0 and profiles["bf16-mixed"]["windows"] == rounds
+    assert 0 < reference["window_J_rel_sd"] < 0.5
+
+
+def test_with_the_noise_floor_a_round_is_reference_candidates_reference(tmp_path, clock):
+    """The callback's rounds: 32-true, bf16-mixed, 32-true, then (reversed) the same; the report's reference
+    row counts its A/A pairs, and a 10x cheaper bf16-mixed is still chosen."""
+    costs = SimulatedModeCosts(clock, {"32-true": 100.0, "bf16-mixed": 10.0}, noise=0.02)
+    callback = two_mode_switch(costs, noise_floor=True, max_profile_rounds=4)
+    fit(tmp_path, FaultyRegressor(sleep_s=0.0), [callback, costs], max_epochs=4, logger=False)
+    windows = [costs.steps[i][0] for i in range(0, 30, 5)]
+    assert windows == ["32-true", "bf16-mixed", "32-true", "32-true", "bf16-mixed", "32-true"]
+    assert callback.chosen == "bf16-mixed" and callback.profile_rounds == 2
+    assert callback.profiles["32-true"]["aa_pairs"] == 2 and callback.profiles["32-true"]["steps"] == 16

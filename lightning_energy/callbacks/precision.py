@@ -43,8 +43,10 @@ class PrecisionSwitch(MeteredCallback):
     needs nothing else: when the Trainer has its default precision the callback installs a
     :class:`~lightning_energy.integration.precision_plugin.SwitchablePrecision` plugin (or uses one given in ``plugins``).
 
-    1. Profiling, in rounds. In a round the reference ``32-true`` and then each candidate trains ``warmup_steps``
-       + ``profile_steps`` optimizer steps. Over the profile steps the Trainer's timeline (the step windows every
+    1. Profiling, in rounds. In a round the reference ``32-true``, then each candidate, then (``noise_floor``)
+       ``32-true`` once more train ``warmup_steps`` + ``profile_steps`` optimizer steps each (a window); the two
+       reference windows of a round are an A/A pair: what one mode shows against itself is the noise floor a
+       pick must beat. Over the profile steps the Trainer's timeline (the step windows every
        suite callback reads) gives energy and time of every step, so each mode has a mean per step and its
        standard error. Every mode is profiled under the same synchronisation: while profiling, ``32-true``
        steps pay the same per-step gradient check (one pass over the gradients, one host-device
@@ -59,7 +61,11 @@ class PrecisionSwitch(MeteredCallback):
     2. Pick, beyond the noise. Among the modes with no non-finite step and a gap <= ``tolerance``, a mode other
        than ``32-true`` is chosen only when it is cheaper by ``objective`` (energy per step, time per step, or
        their product) than ``32-true`` by more than the measurement noise: the difference of the means must
-       exceed the two-sided Student-t bound at ``confidence`` of its standard error. While the cheapest mode
+       exceed the two-sided Student-t bound at ``confidence`` of its standard error. That standard error is
+       the largest of the per-step one, the one from the round means and the noise floor: the relative
+       spread of one window's mean measured by the A/A pairs, over the square root of the mode's windows
+       (degrees of freedom: the pairs). A machine whose speed changes from one window to the next (a CPU
+       estimate on a shared VM) shows it there, where the per-step spread does not. While the cheapest mode
        is within noise of ``32-true``, another round profiles the modes within noise of the cheapest, up to
        ``max_profile_rounds`` rounds; after that ``32-true`` is kept. Of several modes beyond noise cheaper
        than ``32-true`` but within noise of each other, the safest (lowest code) is chosen. A mode other
@@ -122,6 +128,9 @@ class PrecisionSwitch(MeteredCallback):
             within noise of the cheapest.
         min_profile_rounds: a mode other than ``32-true`` may be chosen after a multiple of this many rounds
             (>= 1; 2: after pairs of rounds in opposite orders).
+        noise_floor: profile ``32-true`` again at the end of every round (an A/A pair) and require a pick to
+            beat the noise floor the pairs measure (``False``: one ``32-true`` window a round, per-step and
+            round-to-round noise only).
         drift_patience: consecutive checks beyond ``tolerance`` before falling back (>= 1).
         explode_factor: the loss counts as exploding above this multiple of the lowest window mean (> 1).
         max_consecutive_skips: with gradient scaling, skipped steps in a row that count as a failure (>= 1).
@@ -146,6 +155,7 @@ class PrecisionSwitch(MeteredCallback):
         confidence: float = 0.95,
         max_profile_rounds: int = 4,
         min_profile_rounds: int = 2,
+        noise_floor: bool = True,
         drift_patience: int = 2,
         explode_factor: float = 10.0,
         max_consecutive_skips: int = 10,
@@ -186,6 +196,9 @@ class PrecisionSwitch(MeteredCallback):
         self.confidence = float(confidence)
         self.max_profile_rounds = _int_at_least("max_profile_rounds", max_profile_rounds, 1)
         self.min_profile_rounds = _int_at_least("min_profile_rounds", min_profile_rounds, 1)
+        if not isinstance(noise_floor, bool):
+            raise TypeError(f"`noise_floor` must be a bool, got {type(noise_floor).__name__}")
+        self.noise_floor = noise_floor
         self.drift_patience = _int_at_least("drift_patience", drift_patience, 1)
         self.max_consecutive_skips = _int_at_least("max_consecutive_skips", max_consecutive_skips, 1)
         if objective not in OBJECTIVES:
@@ -257,7 +270,7 @@ class PrecisionSwitch(MeteredCallback):
         self._reset_run_state()
         if self.mode is None:
             self.plan = self._available_plan(device_type)
-            self._round = list(self.plan)
+            self._round = round_order(self.plan, self.noise_floor)
             plugin.request_mode(REFERENCE_MODE)  # the model is set up (and checked) in float32
         self._probe_enabled = self.probe and pl_module.automatic_optimization and self.mode != "64-true"
         if self.probe and not pl_module.automatic_optimization:
@@ -333,7 +346,8 @@ class PrecisionSwitch(MeteredCallback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
             self._step_begun = step
-            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode), self.profile_rounds)
+            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode), self.profile_rounds,
+                                     self._profile_index)
         self._ref_loss = None
         if self._probe_enabled and self._probe_due():
             with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
@@ -360,12 +374,13 @@ class PrecisionSwitch(MeteredCallback):
         tag = self._step_tags.pop(figures.step, None)
         if tag is None:
             return
-        mode, profiled, profile_round = tag
+        mode, profiled, profile_round, window = tag
         m = figures.measurement
         joules = sum(m.energy_J.get(name, 0.0) for name in self._names)
         self._trained.setdefault(mode, _Sums()).add(joules, m.duration_s)
         if profiled is not None:
-            self._profile_steps.setdefault(profiled, []).append([figures.step, joules, m.duration_s, profile_round])
+            self._profile_steps.setdefault(profiled, []).append([figures.step, joules, m.duration_s, profile_round,
+                                                                 window])
         probe = figures.extras.get(PROBE)
         if probe is not None:
             self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
@@ -451,7 +466,7 @@ class PrecisionSwitch(MeteredCallback):
             decision["profiles"] = profiles
         decision = trainer.strategy.broadcast(decision, src=0)
         if decision["chosen"] is None:
-            self._round = [m for m in self.plan if m in decision["contenders"]]
+            self._round = round_order([m for m in self.plan if m in decision["contenders"]], self.noise_floor)
             if self.profile_rounds % 2:  # every other round in reverse order: load drift cancels in the pool
                 self._round.reverse()
             self._profile_index = 0
@@ -755,6 +770,35 @@ def _mean_and_se(values: list[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(variance / len(values))
 
 
+def round_order(modes: Sequence[str], aa_pair: bool = True) -> list[str]:
+    """The windows of a profiling round: the reference first and, with ``aa_pair`` when other modes are
+    profiled, once more at the end (an A/A pair: what the same mode shows against itself is the noise floor
+    of a pick; the pair also brackets the others in time, so a steady drift cancels in its mean)."""
+    others = [m for m in modes if m != REFERENCE_MODE]
+    if not aa_pair or REFERENCE_MODE not in modes or not others:
+        return list(modes)
+    return [REFERENCE_MODE, *others, REFERENCE_MODE]
+
+
+def _aa_floor(by_window: dict[tuple[int, int], list[list[float]]]) -> dict:
+    """The noise floor from A/A pairs (two windows of one mode in one round): the relative standard deviation
+    of a window's mean energy and time per step, ``sqrt(sum(d**2) / (2 * pairs))`` with ``d`` the relative
+    difference of a pair's means (None without a pair). It holds what the per-step spread misses: a machine
+    whose speed changes from one window to the next."""
+    rounds: dict[int, list[tuple[float, float]]] = {}
+    for (profile_round, _), steps in sorted(by_window.items()):
+        rounds.setdefault(profile_round, []).append((math.fsum(v[0] for v in steps) / len(steps),
+                                                     math.fsum(v[1] for v in steps) / len(steps)))
+    pairs = [means[:2] for means in rounds.values() if len(means) >= 2]
+    out: dict = {"aa_pairs": len(pairs), "window_J_rel_sd": None, "window_s_rel_sd": None}
+    for column, key in ((0, "window_J_rel_sd"), (1, "window_s_rel_sd")):
+        diffs = [(a[column] - b[column]) / ((a[column] + b[column]) / 2) for a, b in pairs
+                 if a[column] + b[column] > 0]
+        if diffs:
+            out[key] = math.sqrt(math.fsum(d * d for d in diffs) / (2 * len(diffs)))
+    return out
+
+
 def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str, dict]:
     """One row per profiled mode from every rank's local profile.
 
@@ -772,15 +816,17 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
         stats = [sum(p["stats"][i] for p in parts) for i in range(N_STATS)]
         by_step: dict[int, list[float]] = {}
         for part in parts:
-            for step, joules, seconds, profile_round in part["per_step"]:
-                merged = by_step.setdefault(int(step), [0.0, 0.0, profile_round])
+            for step, joules, seconds, profile_round, *window in part["per_step"]:
+                merged = by_step.setdefault(int(step), [0.0, 0.0, profile_round, window[0] if window else 0])
                 merged[0] += joules
                 merged[1] = max(merged[1], seconds)
         step_J, step_J_se = _mean_and_se([v[0] for v in by_step.values()])
         step_s, step_s_se = _mean_and_se([v[1] for v in by_step.values()])
         by_round: dict[int, list[list[float]]] = {}
-        for joules, seconds, profile_round in by_step.values():
+        by_window: dict[tuple[int, int], list[list[float]]] = {}
+        for joules, seconds, profile_round, window in by_step.values():
             by_round.setdefault(int(profile_round), []).append([joules, seconds])
+            by_window.setdefault((int(profile_round), int(window)), []).append([joules, seconds])
         round_J = [math.fsum(v[0] for v in steps) / len(steps) for steps in by_round.values()]
         round_s = [math.fsum(v[1] for v in steps) / len(steps) for steps in by_round.values()]
         failure = next((p["failure"] for p in parts if p["failure"]), None)
@@ -795,6 +841,8 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
             "rounds": len(by_round),
             "step_J_round_se": _mean_and_se(round_J)[1],
             "step_s_round_se": _mean_and_se(round_s)[1],
+            "windows": len(by_window),
+            **_aa_floor(by_window),
             "power_W": step_J / step_s if step_J is not None and step_s else None,
             "loss_gap": _gap(stats),
             "mean_loss": stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None,
@@ -805,13 +853,16 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
     return rows
 
 
-def _objective_of(row: dict, objective: str) -> tuple[float, float, float]:
+def _objective_of(row: dict, objective: str, floor: dict | None = None) -> tuple[float, float, float]:
     """(cost, standard error, degrees of freedom) of a row by ``objective``.
 
-    The standard error is the larger of the one from the steps and the one from the round means (with
-    the degrees of freedom of whichever is used). A row without ``*_se`` fields is exact (se 0); one whose
-    standard error is unknown (fewer than two steps) has an infinite one."""
+    The standard error is the largest of the one from the steps, the one from the round means and, with
+    ``floor`` (the reference row's A/A noise floor, :func:`_aa_floor`), the floor's relative standard
+    deviation of one window over the square root of the row's windows (with the degrees of freedom of
+    whichever is used: steps - 1, rounds - 1, A/A pairs). A row without ``*_se`` fields is exact (se 0);
+    one whose standard error is unknown (fewer than two steps) has an infinite one."""
     steps, rounds = row.get("steps", math.inf), row.get("rounds", 1)
+    windows = row.get("windows") or rounds
 
     def part(key: str) -> tuple[float, float, float]:
         value = row.get(key)
@@ -822,6 +873,9 @@ def _objective_of(row: dict, objective: str) -> tuple[float, float, float]:
         round_se = row.get(f"{key}_round_se")
         if round_se is not None and round_se > se:
             se, dof = round_se, rounds - 1
+        relative_sd = (floor or {}).get(key.replace("step_", "window_") + "_rel_sd")
+        if relative_sd is not None and relative_sd * abs(value) / math.sqrt(windows) > se:
+            se, dof = relative_sd * abs(value) / math.sqrt(windows), floor["aa_pairs"]
         return value, se, dof
 
     energy, time_ = part("step_J"), part("step_s")
@@ -876,7 +930,8 @@ def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, con
             eligible[name] = row
     if objective == "energy" and not any(row["step_J"] for row in eligible.values()):
         objective = "time"  # no energy was measured
-    cost = {name: _objective_of(row, objective) for name, row in eligible.items()}
+    floor = profiles.get(REFERENCE_MODE) if profiles.get(REFERENCE_MODE, {}).get("aa_pairs") else None
+    cost = {name: _objective_of(row, objective, floor) for name, row in eligible.items()}
     label = f"{objective} within tolerance {tolerance:g}"
     noise = f"{confidence:.0%} confidence, {rounds} round{'s' if rounds > 1 else ''}"
     contenders: list[str] = []

@@ -47,11 +47,11 @@ DEFAULT_TOLERANCE = 0.02  # a pick is good within 2 % of the optimum (the benchm
 # the issue's measurements show 3-5 %; the estimate from repeats is pooled with this prior (weight PRIOR_DOF).
 DEFAULT_NOISE = 0.03
 PRIOR_DOF = 2.0
-CONFIDENCE_Z = 1.0  # near-ties: a rival within this many standard deviations of the best is profiled again
+CONFIDENCE_Z = 1.5  # near-ties: a rival within this many standard deviations of the best is profiled again
 GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
-DEFAULT_MAX_REPEATS = 2  # most extra windows of one limit
-DEFAULT_REPEAT_BUDGET = 4  # most extra windows of a search (the noise calibration included)
+DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
+DEFAULT_REPEAT_BUDGET = 8  # most extra windows of a search (the noise calibration included): success before steps
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
@@ -268,8 +268,18 @@ class AdaptiveSearch:
     - a gap between two profiled limits ``lo < hi`` holding unprofiled ones: its lower bound on the cost
       (time per step at least ``T(hi)``, mean power at least ``P(lo)``, each less its noise margin) is
       below the best cost; its middle limit is profiled;
-    - a profiled limit whose cost is within noise of the best: the one of the pair with fewer windows is
-      profiled again (a limit gets at most ``1 + max_repeats`` windows).
+    - a profiled limit whose cost is within noise of the best (:data:`CONFIDENCE_Z` standard deviations):
+      a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
+      its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
+      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``.
+
+    Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
+    only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
+    against power on it is convex (time goes as 1/clock, power is convex increasing in the clock; the
+    throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
+    through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
+    stops once it has profiled as many windows as the sweep (every limit) plus the noise calibration:
+    beyond that it would cost more than the sweep.
 
     For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
     limit whose time is within noise of the threshold. Profiles that break monotonic time (or, for cost
@@ -309,6 +319,7 @@ class AdaptiveSearch:
             raise ValueError(f"`repeat_budget` must be an integer >= 0, got {repeat_budget!r}")
         self.repeat_budget = repeat_budget
         self._repeats_left = repeat_budget
+        self._split_limits: set[int] = set()  # limits profiled to split a near-tie (they count as repeats)
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
     def plan(self) -> dict:
@@ -338,7 +349,9 @@ class AdaptiveSearch:
         Every value in ``profiled`` must be known (merged windows of each limit)."""
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
-        self._repeats_left = self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
+        self._split_limits &= set(profiled)  # a fresh search on the same object starts again
+        self._repeats_left = (self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
+                              - len(self._split_limits))
         top = self.grid[0]
         if top not in profiled:
             return top
@@ -350,6 +363,8 @@ class AdaptiveSearch:
         if self.fell_back(profiled):
             rest = next((limit for limit in self.grid if limit not in profiled), None)
             return rest if rest is not None else self._settle(profiled)
+        if sum(p.window_count for p in profiled.values()) >= len(self.grid) + 1:
+            return None  # as many windows as the sweep's and the calibration: more would cost more than the sweep
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
@@ -368,28 +383,86 @@ class AdaptiveSearch:
         best_cost = costs[best.limit_W]
         sigma = self.noise_level(profiled)
         top = done[-1]
-        actions = []  # (possible gain beyond the tolerance, limit to profile)
-        for lo, hi in zip(done, done[1:]) if gaps else ():
+        actions = []  # (possible gain beyond the tolerance, limit to profile, whether it splits a near-tie)
+        convex = gaps and self._looks_convex(done, sigma)
+        for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
             if not inside:
                 continue
-            power_W = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
-            time_s = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
-            bound = float(self.objective.cost_of(power_W * time_s, time_s, top.limit_W, top.time_per_step_s))
+            bound = self._gap_bound(done, i, sigma, convex)
             gain = (best_cost - bound) / best_cost - self.tolerance
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
-                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit))))
+                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit)), False))
         for p in done:
             if p is best:
                 continue
             spread = sigma * math.hypot(best_cost / math.sqrt(best.window_count),
                                         costs[p.limit_W] / math.sqrt(p.window_count))
             gain = (best_cost - costs[p.limit_W] + CONFIDENCE_Z * spread) / best_cost - self.tolerance
+            if gain <= 0:
+                continue
+            low, high = sorted((best.limit_W, p.limit_W))
+            between = [limit for limit in self.grid if low < limit < high and limit not in profiled] if gaps else []
+            if between and self._repeats_left > 0:  # a new limit between the two: another candidate (counted)
+                middle = (low + high) / 2
+                actions.append((gain, min(between, key=lambda limit: (abs(limit - middle), -limit)), True))
+                continue
             again = min((q for q in (best, p) if self._can_repeat(q)), key=lambda q: q.window_count, default=None)
-            if gain > 0 and again is not None:
-                actions.append((gain, again.limit_W))
-        return max(actions)[1] if actions else None
+            if again is not None:
+                actions.append((gain, again.limit_W, False))
+        if not actions:
+            return None
+        _, limit, splits = max(actions)
+        if splits:
+            self._split_limits.add(limit)
+        return limit
+
+    def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool) -> float:
+        """A lower bound on the cost of any limit between ``done[i]`` and ``done[i + 1]`` (sorted by limit).
+
+        Monotonic facts: power at least ``P(lo)``, time at least ``T(hi)``, each less its noise margin.
+        ``convex``: the card's operating points also lie on one curve of time against power that is convex
+        (a limit only picks the clock; time goes as 1/clock, power is convex increasing in the clock), so
+        time inside the gap is also above the secants through the gap's ends and their outer neighbours,
+        extended into the gap (with the noise margins set against the bound)."""
+        lo, hi = done[i], done[i + 1]
+        top = done[-1]
+        power_lo = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
+        time_floor = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
+        if not convex:
+            return float(self.objective.cost_of(power_lo * time_floor, time_floor, top.limit_W, top.time_per_step_s))
+        power_hi = max(hi.mean_power_W * (1.0 + math.sqrt(2.0) * self._margin(sigma, hi)), power_lo)
+        power = np.linspace(power_lo, power_hi, 65)
+        time = np.full_like(power, time_floor)
+        lines = []
+        if i >= 1:  # through the lower neighbour and lo, extended to higher power
+            lines.append((done[i - 1], 1.0, lo, -1.0))
+        if i + 2 < len(done):  # through hi and its upper neighbour, extended to lower power
+            lines.append((hi, -1.0, done[i + 2], 1.0))
+        for a, sign_a, b, sign_b in lines:
+            ta = a.time_per_step_s * (1.0 + sign_a * self._margin(sigma, a))
+            tb = b.time_per_step_s * (1.0 + sign_b * self._margin(sigma, b))
+            if b.mean_power_W - a.mean_power_W <= 1e-9 * b.mean_power_W:
+                continue
+            slope = (tb - ta) / (b.mean_power_W - a.mean_power_W)
+            anchor_P, anchor_T = (b.mean_power_W, tb) if sign_b < 0 else (a.mean_power_W, ta)
+            time = np.maximum(time, anchor_T + slope * (power - anchor_P))
+        costs = self.objective.cost_of(power * time, time, top.limit_W, top.time_per_step_s)
+        return float(np.min(costs))
+
+    def _looks_convex(self, done: list[LimitProfile], sigma: float) -> bool:
+        """False when three operating points (power, time) break the convexity of time against power beyond
+        :data:`FALLBACK_Z` standard deviations: the secant bounds are then not used."""
+        points = [(p.mean_power_W, p.time_per_step_s, p.window_count) for p in done]
+        for (p0, t0, n0), (p1, t1, n1), (p2, t2, n2) in zip(points, points[1:], points[2:]):
+            if p2 - p0 <= 1e-9 * p2:
+                continue
+            chord = t0 + (t2 - t0) * (min(max(p1, p0), p2) - p0) / (p2 - p0)
+            slack = FALLBACK_Z * sigma * math.sqrt(1.0 / n0 + 1.0 / n1 + 1.0 / n2)
+            if t1 > chord * (1.0 + slack):
+                return False
+        return True
 
     def _settle(self, profiled: Mapping[int, LimitProfile]) -> int | None:
         """After the exhaustive fallback has profiled everything: only near-ties are repeated."""
