@@ -133,15 +133,10 @@ class CarbonCallback(MeteredCallback):
                            "`intensity_g_per_kWh` or `energy_mix` for your grid")
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None:
+            self._stop_tracker()
         self._trainer = None
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._stop_tracker()
-        self._trainer = None
-        super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- energy of this callback's sensors
     def _J(self, energy_J: dict[str, float]) -> float:

@@ -207,15 +207,10 @@ class EnergyCallback(MeteredCallback):
                            "still written.")
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None:
+            self._event("exception")
         self._release()
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._event("exception")
-        self._release()
-        super().on_exception(trainer, pl_module, exception)
 
     def _release(self) -> None:
         if self._sampler is None:

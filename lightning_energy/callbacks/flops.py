@@ -132,14 +132,8 @@ class FlopsCallback(MeteredCallback):
         return self.peaks[precision]
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
         self._stop_counting()
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._stop_counting()
-        super().on_exception(trainer, pl_module, exception)
 
     def _stop_counting(self) -> None:
         if self._recorder is not None and self._counting_batch:

@@ -332,15 +332,9 @@ class PowerLimitOptimizer(MeteredCallback):
         rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None or stage == "fit":
             self._restore()
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._restore()
-        super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- the card
     def _set_limit(self, trainer: Trainer, limit_W: int) -> None:

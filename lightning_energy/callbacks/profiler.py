@@ -201,15 +201,10 @@ class EnergyProfiler(MeteredCallback):
         self._sampler.add_listener(self._recorder)
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None:
+            self._processing = False  # no trace post-processing for a failed run
         self._release()
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._processing = False  # no trace post-processing for a failed run
-        self._release()
-        super().on_exception(trainer, pl_module, exception)
 
     def _release(self) -> None:
         self._device_probe = None

@@ -164,17 +164,10 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         return {"max_power": float(max_W) * trainer.world_size, "number_of_gpus": trainer.world_size, "gpu_model": model}
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit":
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None or stage == "fit":
             self._end_trial(trainer)
         self._train_start = None
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._end_trial(trainer)
-        self._train_start = None
-        super().on_exception(trainer, pl_module, exception)
 
     def _end_trial(self, trainer: Trainer) -> None:
         """Tell the server this trial is over (it marks it failed if no report ended it)."""

@@ -112,11 +112,21 @@ class MeteredCallback(Callback):
 
     @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.release(trainer, stage=stage, exception=None)
         self.detach(trainer)
 
     @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.release(trainer, stage=None, exception=exception)
         self.detach(trainer)
+
+    def release(self, trainer, stage: str | None, exception: BaseException | None) -> None:
+        """Free what this callback holds at the end of a run, before the session is detached.
+
+        Called once per run: by ``teardown`` (``stage`` is "fit", "validate", ... and ``exception`` None) or,
+        when the run fails, by ``on_exception`` (``stage`` None; Lightning then calls no ``teardown``).
+        Subclasses override this instead of both hooks.
+        """
 
     # ------------------------------------------------------------------ listeners (overridable)
     def on_step_measured(self, trainer, figures) -> None:
