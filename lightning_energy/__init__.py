@@ -27,6 +27,7 @@ _PUBLIC: dict[str, str] = {
     "BatchSizeSearch": "lightning_energy.callbacks.batch_size",
     "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.bso",
     "EnergyToAccuracy": "lightning_energy.callbacks.eta",
+    "CompileModel": "lightning_energy.callbacks.compile",
     "Sensor": "lightning_energy.sensors.base",
     "SimulatedSensor": "lightning_energy.sensors.simulated",
     "CpuEstimateSensor": "lightning_energy.sensors.estimate",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
     from lightning_energy.callbacks.bso import ZeusBatchSizeOptimizer
     from lightning_energy.callbacks.carbon import CarbonCallback
     from lightning_energy.callbacks.catalog import CatalogCallback
+    from lightning_energy.callbacks.compile import CompileModel
     from lightning_energy.callbacks.energy import EnergyCallback
     from lightning_energy.callbacks.eta import EnergyToAccuracy
     from lightning_energy.callbacks.flops import FlopsCallback

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compare": "lightning_energy.commands.compare",
     "fit": "lightning_energy.commands.fit",
     "sweep": "lightning_energy.commands.sweep",
+    "recommend": "lightning_energy.commands.recommend",
     "catalog": "lightning_energy.commands.catalog",
     "bso-server": "lightning_energy.commands.bso_server",
     "restore-power-limit": "lightning_energy.commands.restore_power_limit",
