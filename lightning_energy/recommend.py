@@ -19,21 +19,26 @@ energy to target has no cheap low-fidelity proxy either (a high learning rate lo
 epochs and wins later, so successive halving on partial runs would cut the winners). So:
 
 1. *Baseline*: the config as given, alone and uncapped: the reference.
-2. *One lever at a time*: each alternative value of each lever changed alone from the baseline,
-   ``repeats`` runs each (with the baseline's remaining repeats), all the stage's runs in one random
+2. *One lever at a time* (screening): each alternative value of each lever changed alone from the
+   baseline, ``screen_repeats`` (S) runs each, with the baseline's, all the stage's runs in one random
    order, so a drift of a shared machine spreads over every configuration instead of lining up with one.
-3. *Combine the winners*: per lever, the best value whose every run beat every baseline run; all the
-   winners together, and that combination with each winner left out (which says what each lever adds
-   in company, the ablation), ``repeats`` runs each, random order.
-4. *Recommend*: of every configuration whose runs all reached the target, the lowest median energy to
-   target.
+3. *Combine the winners* (confirmation): per lever, the best value whose every run beat every baseline
+   run; all the winners together, that combination with each winner left out (which says what each
+   lever adds in company: the ablation) and the baseline, topped up to ``repeats`` (R) runs each, in one
+   random order. With one winner, it and the baseline are topped up.
+4. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
+   energy to target.
 
-That is at most ``1 + R·(1 + A) - 1 + R·(1 + W)`` runs (A alternatives, W winners): 27 for A = 9,
-W = 3, R = 2. Bad configurations stop early, by **Zeus's rule**: every run carries an energy budget of
-``beta`` (2) × the lowest energy to target finished so far, and
+That is at most ``S·(1 + A) + R·(2 + W) - S`` runs (A alternatives, W winners): 20 for A = 10, W = 3,
+S = 1, R = 2; a full grid of the same levers would be hundreds. Bad configurations stop early, by **Zeus's rule**: every run carries an energy budget of
+``beta`` (2) × the lowest energy to target finished so far (the baseline excepted: it is the reference
+of every ratio, so it always runs to the target), and
 :class:`~lightning_energy.EnergyToAccuracy` ends a run at the first validation past it; a run that
-does not reach the target within the config's ``max_epochs`` has lost too. A configuration that lost
-once gets no further repeats. ``budget_runs`` caps the total number of runs.
+does not reach the target within the config's ``max_epochs`` has lost too. While screening, the question
+is only whether an alternative beats the baseline, and one that has spent the baseline's lowest energy
+to target without reaching it cannot be a winner (a winner beats every baseline run): there the budget
+is that energy (``k`` = 1 against the baseline), so a lever that helps a little is not cut because
+another helps a lot. A configuration that lost once gets no further repeats. ``budget_runs`` caps the total number of runs.
 
 Figures: medians over the repeats, ± half their range, CO2 to target from the catalog record's
 intensity and PUE, and the provenance of every joule (measured / estimated / simulated).
@@ -189,6 +194,7 @@ class SearchResult:
     skipped: int
     budget_exhausted: bool
     order: list[str]  # run names in the order they ran
+    screen_repeats: int = 1
 
     def rows(self) -> list[dict]:
         """One row per configuration: medians and ± half-ranges of energy, time and CO2 to target."""
@@ -199,7 +205,8 @@ class SearchResult:
             spent = [o for _, o in trial.runs if not o.reached]
             status = ("recommended" if trial is self.recommended else
                       f"lost: {trial.lost}" if trial.lost else
-                      "ok" if trial.complete(self.repeats) else f"incomplete ({len(trial.runs)}/{self.repeats} runs)")
+                      "ok" if trial.complete(self.repeats) else
+                      "screened" if trial.complete(self.screen_repeats) else "incomplete (run budget)")
             out.append({
                 "config": trial.name, "settings": dict(trial.settings), "stage": trial.stage,
                 "runs": len(trial.runs), "reached": sum(o.reached for _, o in trial.runs),
@@ -221,15 +228,20 @@ class SearchResult:
         combined = by_settings.get(_key(self.winners)) if len(self.winners) > 1 else None
         effects = []
         for trial in self.trials:
-            if trial.stage != "one lever" or not trial.complete(self.repeats):
+            if trial.stage != "one lever" or not trial.complete(self.screen_repeats):
                 continue
             (lever, value), = trial.settings.items()
             entry = {"lever": lever, "value": value, "alone_x": base_J / trial.median("energy_J"),
-                     "winner": self.winners.get(lever) == value, "in_combination_x": None}
+                     "winner": self.winners.get(lever) == value, "in_combination_x": None,
+                     "in_combination_at_least": False}
             if entry["winner"] and combined is not None and combined.complete(self.repeats):
                 without = by_settings.get(_key({k: v for k, v in self.winners.items() if k != lever}))
+                spent = [o.energy_J for _, o in without.runs if o.stopped == "energy budget"] if without else []
                 if without is not None and without.complete(self.repeats):
                     entry["in_combination_x"] = without.median("energy_J") / combined.median("energy_J")
+                elif spent:  # stopped at the budget: it would have cost at least that much
+                    entry["in_combination_x"] = max(spent) / combined.median("energy_J")
+                    entry["in_combination_at_least"] = True
             effects.append(entry)
         return effects
 
@@ -252,7 +264,8 @@ class Search:
         levers: what to vary (:func:`find_levers`).
         runner: trains one configuration (:class:`~lightning_energy.recommend_config.ConfigRunner`, or a
             cost model in tests).
-        repeats: runs per configuration (``R``).
+        repeats: runs of each confirmed configuration (``R``).
+        screen_repeats: runs of each configuration while screening one lever at a time (``S``, default R).
         beta: a run's energy budget is ``beta`` x the lowest energy to target finished so far.
         budget_runs: the most runs in all (None: no cap).
         seed: seed of the random run order.
@@ -261,14 +274,17 @@ class Search:
 
     def __init__(self, levers: list[Lever], runner: Runner, repeats: int = DEFAULT_REPEATS,
                  beta: float = DEFAULT_BETA, budget_runs: int | None = None, seed: int = 0,
-                 log: Callable[[str], None] | None = None, target: Target | None = None) -> None:
-        if repeats < 1:
-            raise ValueError(f"`repeats` must be >= 1, got {repeats}")
+                 log: Callable[[str], None] | None = None, target: Target | None = None,
+                 screen_repeats: int | None = None) -> None:
+        screen_repeats = repeats if screen_repeats is None else screen_repeats
+        if not 1 <= screen_repeats <= repeats:
+            raise ValueError(f"need 1 <= screen_repeats <= repeats, got {screen_repeats} and {repeats}")
         if not beta > 1:
             raise ValueError(f"`beta` must be > 1, got {beta}")
         if budget_runs is not None and budget_runs < 1:
             raise ValueError(f"`budget_runs` must be >= 1, got {budget_runs}")
         self.levers, self.runner, self.repeats, self.beta = levers, runner, repeats, beta
+        self.screen_repeats = screen_repeats
         self.budget_runs, self.target = budget_runs, target
         self.rng = random.Random(seed)
         self.log = log or (lambda line: None)
@@ -286,18 +302,19 @@ class Search:
                               "give a target the config reaches within its max_epochs")
         stage = [baseline] + [self._trial({lever.name: value}, "one lever")
                               for lever in self.levers for value in lever.alternatives]
-        self._run_repeats(stage)
+        self._run_repeats(stage, self.screen_repeats, against_baseline=True)
         winners = self.winners()
+        confirm = [baseline, self._trial(dict(winners), "combined")] if winners else [baseline]
         if len(winners) > 1:
-            combination = [self._trial(dict(winners), "combined")]
-            combination += [self._trial({k: v for k, v in winners.items() if k != left_out}, "leave one out")
-                            for left_out in winners]
-            self._run_repeats(combination)
+            confirm += [self._trial({k: v for k, v in winners.items() if k != left_out}, "leave one out")
+                        for left_out in winners]
+        self._run_repeats(confirm, self.repeats)
         trials = list(self.trials.values())
-        complete = [t for t in trials if t.complete(self.repeats)] or [t for t in trials if t.complete(1)]
+        complete = ([t for t in trials if t.complete(self.repeats)] or
+                    [t for t in trials if t.complete(self.screen_repeats)] or [baseline])
         best = min(complete, key=lambda t: t.median("energy_J"))
         return SearchResult(self.target, trials, best, baseline, winners, self.repeats, self.beta, len(self.order),
-                            self.skipped, self.budget_exhausted, list(self.order))
+                            self.skipped, self.budget_exhausted, list(self.order), self.screen_repeats)
 
     def winners(self) -> dict[str, Any]:
         """Per lever, the alternative with the lowest median energy among those whose every run beat every
@@ -308,7 +325,7 @@ class Search:
         for lever in self.levers:
             beating = [t for value in lever.alternatives
                        if (t := self.trials.get(_key({lever.name: value}))) is not None
-                       and t.complete(self.repeats) and max(t.reached_J()) < base_min]
+                       and t.complete(self.screen_repeats) and max(t.reached_J()) < base_min]
             if beating:
                 best = min(beating, key=lambda t: t.median("energy_J"))
                 out[lever.name] = best.settings[lever.name]
@@ -318,35 +335,41 @@ class Search:
     def _trial(self, settings: dict[str, Any], stage: str) -> Trial:
         return self.trials.setdefault(_key(settings), Trial(dict(settings), stage))
 
-    def _run_repeats(self, trials: list[Trial]) -> None:
-        """Run every trial up to ``repeats`` runs, all the runs in one random order."""
-        queue = [t for t in trials for _ in range(self.repeats - len(t.runs))]
+    def _run_repeats(self, trials: list[Trial], repeats: int, against_baseline: bool = False) -> None:
+        """Run every trial up to ``repeats`` runs, all the runs in one random order; each run's budget is
+        the baseline's lowest energy to target (``against_baseline``) or ``beta`` x the best finished."""
+        queue = [t for t in trials for _ in range(repeats - len(t.runs))]
         self.rng.shuffle(queue)
         for trial in queue:
             if trial.lost is not None:
                 self.skipped += 1
                 continue
-            self._run_once(trial)
+            self._run_once(trial, against_baseline)
 
     def best_J(self) -> float | None:
         finished = [j for t in self.trials.values() for j in t.reached_J()]
         return min(finished) if finished else None
 
-    def _run_once(self, trial: Trial) -> None:
+    def _run_once(self, trial: Trial, against_baseline: bool = False) -> None:
         if self.budget_runs is not None and len(self.order) >= self.budget_runs:
             self.budget_exhausted = True
             self.skipped += 1
             return
         best = self.best_J()
-        budget_J = None if best is None else self.beta * best
+        baseline_J = min(self.trials[_key({})].reached_J(), default=None)
+        if not trial.settings or best is None:  # the baseline is the reference of every ratio: never cut
+            budget_J, why = None, ""
+        elif against_baseline:
+            budget_J, why = baseline_J, f" (budget: the baseline's {baseline_J:.4g} J)"
+        else:
+            budget_J, why = self.beta * best, f" (budget {self.beta:g} x best {best:.4g} J)"
         name = f"r{len(self.order):03d}_{_slug(trial.settings)}"
         outcome = self.runner(dict(trial.settings), name, budget_J)
         self.order.append(name)
         trial.runs.append((name, outcome))
         if not outcome.reached:
             where = f" after {outcome.energy_J:.4g} J" if math.isfinite(outcome.energy_J) else ""
-            budget = f" (budget {self.beta:g} x best {best:.4g} J)" if outcome.stopped == "energy budget" else ""
-            trial.lost = f"{outcome.stopped}{where}{budget}"
+            trial.lost = f"{outcome.stopped}{where}{why if outcome.stopped == 'energy budget' else ''}"
         verdict = (f"reached in {outcome.energy_J:.4g} J, {outcome.time_s:.3g} s" if outcome.reached
                    else f"stopped: {trial.lost}")
         self.log(f"run {len(self.order):>3} {name}: {trial.name}: {verdict}")

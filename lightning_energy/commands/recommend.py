@@ -28,7 +28,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--cli", default=None, metavar="MODULE",
                         help="the LightningCLI module run as `python -m MODULE fit` (e.g. baler_lit.cli); default: "
                              "a plain LightningCLI for configs whose model has class_path")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 2)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="runs of each confirmed configuration: the baseline and the winners (default 2)")
+    parser.add_argument("--screen-repeats", type=int, default=1,
+                        help="runs of each configuration while screening one lever at a time (default 1)")
     parser.add_argument("--budget-runs", type=int, default=None, metavar="N", help="at most N runs in all")
     parser.add_argument("--beta", type=float, default=None,
                         help="stop a run past beta x the best energy to target (default 2, Zeus's rule)")
@@ -53,9 +56,10 @@ def run(args) -> int:
     repeats = DEFAULT_REPEATS if args.repeats is None else args.repeats
     beta = DEFAULT_BETA if args.beta is None else args.beta
     for name, value, low in (("--repeats", repeats, 1), ("--budget-runs", args.budget_runs, 1),
-                             ("--max-epochs", args.max_epochs, 1)):
+                             ("--max-epochs", args.max_epochs, 1), ("--screen-repeats", args.screen_repeats, 1)):
         if value is not None and value < low:
             raise CommandError(f"{name} must be >= {low}, got {value}")
+    screen = min(args.screen_repeats, repeats)
     if not (math.isfinite(beta) and beta > 1):
         raise CommandError(f"--beta must be a number > 1, got {beta}")
     limits = _power_limits(args.power_limits)
@@ -72,8 +76,9 @@ def run(args) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     alternatives = sum(len(lever.alternatives) for lever in levers)
+    most = screen * (1 + alternatives) + repeats * (2 + len(levers)) - screen
     print(f"target {target}; device {device}; {len(levers)} levers, {alternatives} alternatives; "
-          f"{repeats} repeats; at most {1 + repeats * (alternatives + 1) - 1 + repeats * (1 + len(levers))} runs"
+          f"{screen} run(s) each screened, {repeats} confirmed; at most {most} runs"
           + (f" (capped at {args.budget_runs})" if args.budget_runs else ""))
     for lever in levers:
         print(f"  {lever.name:<13} {lever.baseline!s:>10} -> {', '.join(map(str, lever.alternatives))}  ({lever.what})")
@@ -83,10 +88,12 @@ def run(args) -> int:
         return 0
     if args.out.exists() and any(args.out.iterdir()):
         raise CommandError(f"--out {args.out} is not empty; give a new folder")
-    return _search(args, base, levers, notes, target, repeats, beta, limits, device, args.cli or DEFAULT_CLI)
+    return _search(args, base, levers, notes, target, (screen, repeats), beta, limits, device,
+                   args.cli or DEFAULT_CLI)
 
 
 def _search(args, base, levers, notes, target, repeats, beta, limits, device, cli) -> int:
+    screen, repeats = repeats
     from lightning_energy.cli import CommandError
     from lightning_energy.io import atomic_write_json, atomic_write_text
     from lightning_energy.recommend import Search, SearchError
@@ -95,7 +102,8 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
     by_name = {lever.name: lever for lever in levers}
     power = _open_power_limits(base, limits) if limits and device == "cuda" else None
     runner = ConfigRunner(base, by_name, target, args.out, cli, args.run_timeout_s, power)
-    search = Search(levers, runner, repeats, beta, args.budget_runs, args.seed, log=print, target=target)
+    search = Search(levers, runner, repeats, beta, args.budget_runs, args.seed, log=print, target=target,
+                    screen_repeats=screen)
     try:
         result = search.run()
     except SearchError as err:
@@ -119,7 +127,7 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
               f"Run: python -m {cli} fit --config {RECOMMENDED_YAML}"]
     text = recommended_yaml(base, by_name, result.recommended.settings, target, header)
     document = {"target": str(target), "monitor": target.monitor, "value": target.value, "mode": target.mode,
-                "device": device, "repeats": repeats, "beta": beta, "cli": cli,
+                "device": device, "repeats": repeats, "screen_repeats": screen, "beta": beta, "cli": cli,
                 "configs": [str(c) for c in args.config], "levers": [
                     {"name": lv.name, "path": lv.path, "baseline": lv.baseline, "alternatives": list(lv.alternatives),
                      "what": lv.what} for lv in levers],
@@ -154,7 +162,8 @@ def format_table(rows: list[dict]) -> str:
 def format_effects(effects: list[dict]) -> str:
     """What each lever gave: x less energy alone against the baseline, and lost when left out of the winners."""
     return table(["lever", "value", "alone: x less J", "winner", "left out: x more J"],
-                 [[e["lever"], str(e["value"]), e["alone_x"], "yes" if e["winner"] else "no", e["in_combination_x"]]
+                 [[e["lever"], str(e["value"]), e["alone_x"], "yes" if e["winner"] else "no",
+                   f">= {e['in_combination_x']:.4g}" if e["in_combination_at_least"] else e["in_combination_x"]]
                   for e in effects])
 
 
