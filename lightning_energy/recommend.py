@@ -9,7 +9,7 @@ it in its own process.
 
 The levers (:func:`find_levers`; each only where the config has the key): precision
 (``trainer.precision``: PrecisionSwitch's modes that run on the device), the model's parameter dtype
-(``dtype: float64 -> float32``), batch size (÷4, ÷2, ×2), learning rate (×3, ×10), the learning-rate
+(``dtype: float64 -> float32``), batch size (÷4, ÷2, ×2), learning rate (×3, ×10, ×30), the learning-rate
 schedule (a ReduceLROnPlateau ``lr_patience`` of 3 epochs), shuffling, ``torch.compile``
 (:class:`~lightning_energy.CompileModel`) and, on NVIDIA GPUs, the power limits given. Early stopping at
 the target is part of every run and of the recommendation.
@@ -380,7 +380,7 @@ BATCH_KEYS = ("batch_size",)
 LR_KEYS = ("lr", "learning_rate")
 SCHEDULE_KEYS = ("lr_patience",)
 SCHEDULE_PATIENCE = 3  # epochs of a ReduceLROnPlateau patience to try (Baler's default is 50)
-LR_FACTORS = (3, 10)
+LR_FACTORS = (3, 10, 30)
 MIN_BATCH = 8
 LEVER_NAMES = ("precision", "dtype", "batch_size", "lr", "lr_schedule", "shuffle", "compile", "power_limit_W")
 

@@ -40,7 +40,7 @@ FACTORS = {
     ("precision", "bf16-mixed"): 5.0,  # bf16 without hardware support: the bad configuration
     ("dtype", "float32"): 0.4,  # so the winners without it cost 2.5x the winners: stopped at the budget
     ("batch_size", 128): 0.6, ("batch_size", 256): 0.8, ("batch_size", 1024): 1.3,
-    ("lr", 0.003): 0.7, ("lr", 0.01): 1.1,
+    ("lr", 0.003): 0.7, ("lr", 0.01): 1.1, ("lr", 0.03): 3.0,
     ("lr_schedule", 3): 1.05,
     ("shuffle", True): 0.9,
     ("compile", True): 1.4,
@@ -79,7 +79,7 @@ def test_levers_of_a_baler_like_config_and_the_power_limit_note():
         "precision": ("trainer.precision", "32-true", ("bf16-mixed",)),
         "dtype": ("model.dtype", "float64", ("float32",)),
         "batch_size": ("data.batch_size", 512, (128, 256, 1024)),
-        "lr": ("model.lr", 0.001, (0.003, 0.01)),
+        "lr": ("model.lr", 0.001, (0.003, 0.01, 0.03)),
         "lr_schedule": ("model.lr_patience", 50, (3,)),
         "shuffle": ("data.shuffle", False, (True,)),
         "compile": (None, False, (True,)),
@@ -119,7 +119,7 @@ def test_the_search_recommends_the_cheapest_combination_and_stops_the_bad_one_ea
     without_dtype = confirmed.pop("batch_size=128, lr=0.003, shuffle=True")
     assert len(without_dtype.runs) == 1 and without_dtype.lost.startswith("energy budget")
     assert len(confirmed) == 1 + len(CHEAPEST) and all(len(t.runs) == 2 for t in confirmed.values())
-    assert result.runs == 1 + 10 + 1 + 2 + 2 * len(CHEAPEST) - 1  # baseline + 10 screened; confirmation
+    assert result.runs == 1 + 11 + 1 + 2 + 2 * len(CHEAPEST) - 1  # baseline + 11 screened; confirmation
     rows = {r["config"]: r for r in result.rows()}
     best_row = rows["dtype=float32, batch_size=128, lr=0.003, shuffle=True"]
     assert best_row["status"] == "recommended" and best_row["provenance"] == "simulated"
