@@ -308,3 +308,45 @@ def test_budget_leaves_a_run_that_reaches_the_target_alone_and_the_catalog_keeps
 def test_budget_refuses_bad_values(bad):
     with pytest.raises(ValueError, match="budget_J"):
         EnergyToAccuracy("val/loss", 0.1, budget_J=bad)
+
+
+# ---------------------------------------------------------------- compare --by: the frontier of the runs
+def test_frontier_keeps_the_runs_no_other_beats_in_time_and_energy():
+    from lightning_energy.analysis.compare import frontier
+
+    points = [(5.0, 10.0), (3.0, 12.0), (4.0, 11.0), (6.0, 9.0), (4.5, 12.0), (None, 1.0), (3.0, 12.0)]
+    assert frontier(points) == [1, 2, 0, 3]  # fastest first; (4.5, 12) dominated, None never, the tie once
+
+
+def test_compare_by_shows_energy_vs_time_to_target(tmp_path, capsys):
+    from workbench_helpers import write_run
+
+    # (config, watts, seconds, seconds to target or None)
+    runs = [("baseline", 100.0, 4.0, 4.0), ("baseline", 100.0, 4.0, 3.5), ("lr=0.01", 50.0, 4.0, 1.0),
+            ("bf16", 200.0, 2.0, None)]
+    dirs = []
+    for i, (config, watts, seconds, to_target_s) in enumerate(runs):
+        figures = {} if to_target_s is None else {"energy_to_target_J": watts * to_target_s,
+                                                  "time_to_target_s": to_target_s}
+        dirs.append(str(write_run(tmp_path / f"r{i}", {"cpu": watts}, duration_s=seconds, dt_s=0.5,
+                                  attributes={"recommend_config": config, **figures})))
+    assert main(["compare", *dirs, "--by", "recommend_config", "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "energy to target J" in out and "frontier (no run reaches the target both faster" in out
+    assert out.rstrip().splitlines()[-1].endswith("compare_frontier.png")
+    result = __import__("json").loads((tmp_path / "cmp" / "compare.json").read_text())
+    groups = result["groups"]
+    assert groups["baseline"]["reached_target"] == 2
+    assert groups["baseline"]["energy_to_target_J_mean"] == pytest.approx(375.0)
+    assert groups["baseline"]["energy_to_target_J_std"] == pytest.approx(25.0)
+    assert groups["bf16"]["reached_target"] == 0 and groups["bf16"]["energy_to_target_J_mean"] is None
+    assert [r["run"] for r in result["runs"] if r["on_frontier"]] == ["r2"]  # 1 s and 50 J beats them all
+    assert (tmp_path / "cmp" / "compare_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_without_targets_draws_no_frontier(tmp_path, capsys):
+    from workbench_helpers import write_run
+
+    run = write_run(tmp_path / "r0", {"cpu": 10.0}, duration_s=1.0, attributes={"x": 1})
+    assert main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 0
+    assert "frontier" not in capsys.readouterr().out and not (tmp_path / "cmp" / "compare_frontier.png").exists()
