@@ -350,3 +350,50 @@ def test_compare_without_targets_draws_no_frontier(tmp_path, capsys):
     run = write_run(tmp_path / "r0", {"cpu": 10.0}, duration_s=1.0, attributes={"x": 1})
     assert main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 0
     assert "frontier" not in capsys.readouterr().out and not (tmp_path / "cmp" / "compare_frontier.png").exists()
+
+
+# ---------------------------------------------------------------- one run in its own process
+def test_config_runner_applies_the_power_limit_and_reads_the_catalog_record(tmp_path, monkeypatch):
+    import contextlib
+    import subprocess
+    from pathlib import Path
+
+    from lightning_energy.recommend_config import ConfigRunner
+
+    events = []
+
+    class FakeLimits:  # GpuPowerLimits' interface: the limit in force while the run trains
+        @contextlib.contextmanager
+        def applied(self, limit_W):
+            events.append(("set", limit_W))
+            yield
+            events.append(("restored", limit_W))
+
+    def fake_fit(command, **kwargs):  # what `python -m CLI fit --config FILE` leaves behind: a catalog record
+        events.append(("fit", command[1:4]))
+        config = yaml.safe_load(Path(command[-1]).read_text())
+        catalog = next(c["init_args"] for c in config["trainer"]["callbacks"]
+                       if c["class_path"] == "lightning_energy.CatalogCallback")
+        if catalog["config"]["recommend_run"] == "r002_crash":
+            kwargs["stdout"].write(b"Traceback ...\nRuntimeError: out of memory\n")
+            return subprocess.CompletedProcess(command, 1)
+        Catalog(catalog["catalog_path"]).add({
+            "model": "m", "energy_J": 30.0, "duration_s": 3.0, "provenance": "measured", "sensors": [],
+            "intensity_g_per_kWh": 360.0, "pue": 1.0, "config": {"run": catalog["config"]},
+            "metrics": {"energy_to_target_J": 18.0, "time_to_target_s": 2.0, "epochs_to_target": 3.0}})
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_fit)
+    levers = {lv.name: lv for lv in find_levers(BALER_LIKE, device="cuda", power_limits_W=[200.0])[0]}
+    runner = ConfigRunner(BALER_LIKE, levers, Target("val/loss", 0.1, "min"), tmp_path, cli="user.cli",
+                          power_limits=FakeLimits())
+    outcome = runner({"power_limit_W": 200.0}, "r001_pl", 50.0)
+    assert events == [("set", 200.0), ("fit", ["-m", "user.cli", "fit"]), ("restored", 200.0)]
+    assert (outcome.reached, outcome.energy_J, outcome.time_s, outcome.epochs) == (True, 18.0, 2.0, 3)
+    assert outcome.gCO2e == pytest.approx(18.0 / 3.6e6 * 360.0) and outcome.provenance == "measured"
+    written = yaml.safe_load((tmp_path / "runs" / "r001_pl" / "recommend_run.yaml").read_text())
+    eta = next(c["init_args"] for c in written["trainer"]["callbacks"] if c["class_path"].endswith("EnergyToAccuracy"))
+    assert eta["budget_J"] == 50.0 and written["trainer"]["default_root_dir"] == str(tmp_path / "runs" / "r001_pl")
+    crashed = runner({}, "r002_crash", None)
+    assert not crashed.reached and crashed.stopped == ("failed: exit code 1, no catalog record: "
+                                                       "RuntimeError: out of memory")
