@@ -38,7 +38,6 @@ RUN_LOG_FILE = "output.log"
 RUN_ATTRIBUTE = "recommend_run"  # run attribute naming the run in the catalog
 OWNED_CALLBACKS = ("EnergyToAccuracy", "CatalogCallback", "CompileModel")  # the recommender sets these itself
 ENERGY_CALLBACK = "lightning_energy.EnergyCallback"
-MAX_CONFIG_BYTES = 1 << 20  # a LightningCLI YAML is kilobytes; refuse anything past 1 MiB before parsing
 
 
 class ConfigError(ValueError):
@@ -47,23 +46,11 @@ class ConfigError(ValueError):
 
 def load_configs(paths: list[Path]) -> dict:
     """The config files merged in order (later ones override; ``key+:`` appends to a list)."""
-    import yaml
+    from lightning_energy.io import read_yaml_config
 
     merged: dict = {}
     for path in paths:
-        path = Path(path)
-        try:
-            size = path.stat().st_size
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {size} bytes; a config is at most {MAX_CONFIG_BYTES} bytes")
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
-            raise ConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
+        raw = read_yaml_config(path, "config", ConfigError)
         if raw is None:
             continue
         if not isinstance(raw, dict):

@@ -397,3 +397,19 @@ def test_config_runner_applies_the_power_limit_and_reads_the_catalog_record(tmp_
     crashed = runner({}, "r002_crash", None)
     assert not crashed.reached and crashed.stopped == ("failed: exit code 1, no catalog record: "
                                                        "RuntimeError: out of memory")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "config {path} does not exist"),
+    ("- a\n- b\n", "{path}: a LightningCLI config is a mapping"),
+    ("model: [unclosed\n", "config {path} is not valid YAML"),
+    ("# " + "x" * (1 << 20) + "\n", "config {path} has 1048579 bytes; a config has at most 1048576"),
+])
+def test_a_bad_config_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "c.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert main(["recommend", "--config", str(path), "--target", "val/loss=0.1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message.format(path=path) in err
+    assert not (tmp_path / "o").exists()
