@@ -62,21 +62,23 @@ def overlay(data: dict, epochs: int) -> dict:
             "data": {**data, "val_fraction": 0.2}}
 
 
-def calibrate(base: dict, out: Path) -> dict:
+def calibrate(base: dict, out: Path, reuse: bool) -> dict:
     """The defaults for the fixed budget, no stop: the val/loss they end at (the target) and their cost."""
     from lightning_energy.recommend import Target
     from lightning_energy.recommend_config import ConfigRunner
 
     runner = ConfigRunner(base, {}, Target("val/loss", 0.0, "min"), out, CLI)  # a target no run reaches
-    outcome = runner({}, "defaults_fixed_budget", None)
-    record = runner._record("defaults_fixed_budget")
-    if record is None or "val/loss" not in record["metrics"]:
-        raise SystemExit(f"the defaults' run failed: {outcome.stopped}")
+    record = runner._record("defaults_fixed_budget") if reuse else None
+    if record is None:
+        outcome = runner({}, "defaults_fixed_budget", None)
+        record = runner._record("defaults_fixed_budget")
+        if record is None or "val/loss" not in record["metrics"]:
+            raise SystemExit(f"the defaults' run failed: {outcome.stopped}")
     return {"val_loss": record["metrics"]["val/loss"], "energy_J": record["energy_J"],
             "time_s": record["duration_s"], "epochs": record["epochs"], "provenance": record["provenance"]}
 
 
-def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None) -> dict:
+def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None, reuse: bool = False) -> dict:
     import yaml
 
     from lightning_energy.cli import main as lightning_energy
@@ -90,7 +92,7 @@ def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None) ->
     configs = [ROOT / "configs" / "cms_ae.yaml", ROOT / "configs" / "baler_parity.yaml", extra]
     base = merge(load_configs(configs), {})
     started = time.perf_counter()
-    fixed = calibrate(base, folder / "calibration")
+    fixed = calibrate(base, folder / "calibration", reuse)
     target = fixed["val_loss"]
     print(f"[{name}] Baler's defaults, {epochs} epochs: val/loss {target:.6g}, {fixed['energy_J']:.4g} J "
           f"({fixed['provenance']}), {fixed['time_s']:.3g} s", flush=True)
@@ -100,12 +102,13 @@ def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None) ->
             "--max-epochs", str(SEARCH_EPOCHS_FACTOR * epochs), "--out", str(folder / "recommend")] + [a for c in configs for a in ("--config", str(c))]
     if budget_runs:
         argv += ["--budget-runs", str(budget_runs)]
-    text = io.StringIO()
-    with redirect_stdout(text):
-        code = lightning_energy(argv)
-    print(text.getvalue(), flush=True)
-    if code != 0:
-        raise SystemExit(f"[{name}] recommend failed with exit code {code}")
+    if not (reuse and (folder / "recommend" / "recommend.json").is_file()):
+        text = io.StringIO()
+        with redirect_stdout(text):
+            code = lightning_energy(argv)
+        print(text.getvalue(), flush=True)
+        if code != 0:
+            raise SystemExit(f"[{name}] recommend failed with exit code {code}")
     result = json.loads((folder / "recommend" / "recommend.json").read_text())
     rows = {r["config"]: r for r in result["configurations"]}
     base_row, best = rows["baseline"], rows[result["recommended"]["config"]]
@@ -131,24 +134,37 @@ def summary_table(results: list[dict]) -> str:
                   for r in results])
 
 
+def effects_table(effects: list[dict]) -> str:
+    from lightning_energy.commands.recommend import format_effects
+
+    return format_effects(effects)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--datasets", default="synthetic,nanoaod")
     parser.add_argument("--repeats", type=int, default=2, help="confirmation runs per configuration")
     parser.add_argument("--budget-runs", type=int, default=24, help="cap on the search's runs per dataset")
     parser.add_argument("--work", type=Path, default=None, help="folder for the runs (default: a new temp folder)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="tabulate what --work already holds (a finished calibration or search is not rerun)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"JSON to write (default {RESULTS})")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="energy_to_target_"))
-    results = [run_dataset(name, work, args.repeats, args.budget_runs) for name in args.datasets.split(",")]
+    results = [run_dataset(name, work, args.repeats, args.budget_runs, args.reuse)
+               for name in args.datasets.split(",")]
     print(summary_table(results))
+    for r in results:
+        print(f"\n[{r['dataset']}] what each lever gave (x less energy to the target than the defaults):")
+        print(effects_table(r["lever_effects"]))
     provenance = {r["best"]["provenance"] for r in results}
     print(f"energies are {'/'.join(sorted(provenance))}; ratios are of medians over {args.repeats} confirmed runs "
           f"each; goal: >= 5x less energy to the same target")
-    write_json_atomic(RESULTS, {"machine": machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+    write_json_atomic(args.results, {"machine": machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                                                        load_average=os.getloadavg()),
                                 "note": "measured on a shared machine (other jobs running): timings are disturbed",
                                 "work": str(work), "repeats": args.repeats, "results": results})
-    print(f"wrote {RESULTS}; runs in {work}")
+    print(f"wrote {args.results}; runs in {work}")
 
 
 if __name__ == "__main__":
