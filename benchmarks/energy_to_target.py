@@ -99,7 +99,8 @@ def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None, re
     # the search's runs may go past the defaults' budget (a configuration a little slower per epoch still
     # reaches the target, at its cost); the energy budgets stop the ones that cannot win
     argv = ["recommend", "--cli", CLI, "--target", f"val/loss<={target!r}", "--repeats", str(repeats),
-            "--max-epochs", str(SEARCH_EPOCHS_FACTOR * epochs), "--out", str(folder / "recommend")] + [a for c in configs for a in ("--config", str(c))]
+            "--max-epochs", str(SEARCH_EPOCHS_FACTOR * epochs), "--out", str(folder / "recommend")]
+    argv += [a for c in configs for a in ("--config", str(c))]
     if budget_runs:
         argv += ["--budget-runs", str(budget_runs)]
     if not (reuse and (folder / "recommend" / "recommend.json").is_file()):

@@ -30,15 +30,17 @@ epochs and wins later, so successive halving on partial runs would cut the winne
    energy to target.
 
 That is at most ``S·(1 + A) + R·(2 + W) - S`` runs (A alternatives, W winners): 20 for A = 10, W = 3,
-S = 1, R = 2; a full grid of the same levers would be hundreds. Bad configurations stop early, by **Zeus's rule**: every run carries an energy budget of
-``beta`` (2) × the lowest energy to target finished so far (the baseline excepted: it is the reference
-of every ratio, so it always runs to the target), and
-:class:`~lightning_energy.EnergyToAccuracy` ends a run at the first validation past it; a run that
-does not reach the target within the config's ``max_epochs`` has lost too. While screening, the question
-is only whether an alternative beats the baseline, and one that has spent the baseline's lowest energy
-to target without reaching it cannot be a winner (a winner beats every baseline run): there the budget
-is that energy (``k`` = 1 against the baseline), so a lever that helps a little is not cut because
-another helps a lot. A configuration that lost once gets no further repeats. ``budget_runs`` caps the total number of runs.
+S = 1, R = 2; a full grid of the same levers would be hundreds.
+
+**Stopping bad configurations early.** Every run carries an energy budget, and
+:class:`~lightning_energy.EnergyToAccuracy` ends it at the first validation past it without the target;
+a run that does not reach the target within the config's ``max_epochs`` has lost too, and a
+configuration that lost once gets no further repeats. While screening, the question is only whether an
+alternative beats the baseline, and one that has spent the baseline's lowest energy to target without
+reaching it cannot be a winner (a winner beats every baseline run): the budget is that energy, so a
+lever that helps a little is not cut because another helps a lot. From then on it is **Zeus's rule**:
+``beta`` (2) × the lowest energy to target finished so far. The baseline never has a budget: it is the
+reference of every ratio. ``budget_runs`` caps the total number of runs.
 
 Figures: medians over the repeats, ± half their range, CO2 to target from the catalog record's
 intensity and PUE, and the provenance of every joule (measured / estimated / simulated).

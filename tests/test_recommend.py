@@ -216,7 +216,8 @@ def test_a_run_config_names_the_run_sets_its_budget_and_folder(tmp_path):
 
 def test_configs_merge_as_lightning_cli_merges_them(tmp_path):
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    first.write_text("trainer:\n  max_epochs: 5\n  callbacks:\n    - class_path: x.A\nmodel:\n  lr: 0.1\n  dtype: float32\n")
+    first.write_text("trainer:\n  max_epochs: 5\n  callbacks:\n    - class_path: x.A\n"
+                     "model:\n  lr: 0.1\n  dtype: float32\n")
     second.write_text("trainer:\n  callbacks+:\n    - class_path: x.B\nmodel:\n  dtype: float64\n")
     merged = load_configs([first, second])
     assert merged == {"trainer": {"max_epochs": 5, "callbacks": [{"class_path": "x.A"}, {"class_path": "x.B"}]},

@@ -10,7 +10,7 @@ from lightning_energy.lazy import lazy_names
 
 _CALLBACKS: dict[str, str] = {
     "BatchSampleEstimate": "batch_sample", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "bso",
-    "CarbonCallback": "carbon", "CatalogCallback": "catalog", "EnergyCallback": "energy",
+    "CarbonCallback": "carbon", "CatalogCallback": "catalog", "CompileModel": "compile", "EnergyCallback": "energy",
     "EnergyToAccuracy": "eta", "ForecastCallback": "forecast", "FlopsCallback": "flops",
     "PowerLimitOptimizer": "power_limit", "PrecisionSwitch": "precision", "EnergyPredictionCheck": "prediction",
     "EnergyProfiler": "profiler",
