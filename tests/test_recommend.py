@@ -414,3 +414,21 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, capsys, content, message)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message.format(path=path) in err
     assert not (tmp_path / "o").exists()
+
+
+def test_compile_model_compiles_the_layers_with_parameters_once():
+    from torch import nn
+
+    from lightning_energy.callbacks.compile import CompileModel
+    from lightning_energy.examples import TinyAutoencoder
+
+    module = TinyAutoencoder()
+    module.criterion = nn.MSELoss()  # no parameters: left alone
+    callback = CompileModel(backend="eager")  # compiling happens lazily, at the first call: none here
+    callback.setup(None, module, "validate")
+    assert callback.compiled == [] and module.encoder._compiled_call_impl is None
+    callback.setup(None, module, "fit")
+    assert callback.compiled == ["encoder", "decoder"]
+    assert module.encoder._compiled_call_impl is not None and module.decoder._compiled_call_impl is not None
+    assert module.criterion._compiled_call_impl is None
+    assert list(module.state_dict()) == list(TinyAutoencoder().state_dict())  # checkpoint keys unchanged
