@@ -349,7 +349,7 @@ class Search:
             self._run_once(trial, against_baseline)
 
     def best_J(self) -> float | None:
-        finished = [j for t in self.trials.values() for j in t.reached_J()]
+        finished = [j for t in self.trials.values() for j in t.reached_J() if j > 0]
         return min(finished) if finished else None
 
     def _run_once(self, trial: Trial, against_baseline: bool = False) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 import os
 import subprocess
@@ -200,6 +201,9 @@ class ConfigRunner:
         if record is None:
             return RunOutcome.failed(f"exit code {code}, no catalog record: {_last_line(run_dir / RUN_LOG_FILE)}",
                                      str(run_dir))
+        failed = sensor_failures(Path(record.get("run_dir") or run_dir))
+        if failed:  # a sensor that stopped answering leaves energy out: no figure to rank the run by
+            return RunOutcome.failed(f"sensor {failed}", str(run_dir))
         return outcome_of(record, str(run_dir))
 
     def _record(self, name: str) -> dict | None:
@@ -215,14 +219,32 @@ class ConfigRunner:
         return matches[-1] if matches else None
 
 
+def sensor_failures(log_dir: Path) -> str | None:
+    """The first sensor failure the run's ``energy_report.json`` names (``"cpu_estimate failed: ..."``), or None."""
+    from lightning_energy.report import REPORT_FILE
+
+    try:
+        report = json.loads((log_dir / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sensors = report.get("sensors") if isinstance(report, dict) else None
+    for sensor in sensors if isinstance(sensors, list) else []:
+        if isinstance(sensor, dict) and sensor.get("failure"):
+            return f"{sensor.get('name')} failed: {sensor['failure']}"
+    return None
+
+
 def outcome_of(record: dict, run_dir: str | None = None) -> RunOutcome:
-    """A run's outcome from its catalog record (its metrics hold EnergyToAccuracy's figures)."""
+    """A run's outcome from its catalog record (its metrics hold EnergyToAccuracy's figures); a target
+    reached for no energy at all is a failed measurement, not a winner."""
     metrics = record.get("metrics") or {}
     g_per_kWh, pue = record.get("intensity_g_per_kWh"), record.get("pue") or 1.0
     common = {"provenance": record.get("provenance") or "unknown", "catalog_id": record.get("id"),
               "run_dir": run_dir}
     if "energy_to_target_J" in metrics:
         energy_J = metrics["energy_to_target_J"]
+        if not (math.isfinite(energy_J) and energy_J > 0):
+            return RunOutcome.failed(f"{energy_J:g} J to the target: nothing measured", run_dir)
         return RunOutcome(True, energy_J, metrics["time_to_target_s"], "target",
                           int(metrics["epochs_to_target"]),
                           co2_g(energy_J, g_per_kWh, pue) if g_per_kWh is not None else None, **common)

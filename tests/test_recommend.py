@@ -20,7 +20,7 @@ from lightning_energy.recommend import (
     RunOutcome, Search, SearchError, Target, find_levers, parse_target, select_levers,
 )
 from lightning_energy.recommend_config import (
-    load_configs, merge, outcome_of, recommended_yaml, run_config, with_levers,
+    load_configs, merge, outcome_of, recommended_yaml, run_config, sensor_failures, with_levers,
 )
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
 
@@ -235,6 +235,9 @@ def test_outcome_of_a_catalog_record():
     gave_up = outcome_of({**common, "metrics": {"target_budget_exceeded": 1.0, "energy_at_give_up_J": 30.0,
                                                 "time_at_give_up_s": 3.0}})
     assert (gave_up.reached, gave_up.stopped, gave_up.energy_J) == (False, "energy budget", 30.0)
+    nothing = outcome_of({**common, "metrics": {"energy_to_target_J": 0.0, "time_to_target_s": 12.1,
+                                                "epochs_to_target": 48.0}})  # a sensor hung from the start
+    assert not nothing.reached and nothing.stopped == "failed: 0 J to the target: nothing measured"
     ran_out = outcome_of({**common, "metrics": {"val/loss": 0.3}})
     assert (ran_out.reached, ran_out.stopped, ran_out.energy_J) == (False, "max epochs", 90.0)
 
@@ -395,6 +398,10 @@ def test_config_runner_applies_the_power_limit_and_reads_the_catalog_record(tmp_
     written = yaml.safe_load((tmp_path / "runs" / "r001_pl" / "recommend_run.yaml").read_text())
     eta = next(c["init_args"] for c in written["trainer"]["callbacks"] if c["class_path"].endswith("EnergyToAccuracy"))
     assert eta["budget_J"] == 50.0 and written["trainer"]["default_root_dir"] == str(tmp_path / "runs" / "r001_pl")
+    (tmp_path / "runs" / "r001_pl" / "energy_report.json").write_text(
+        '{"sensors": [{"name": "cpu_estimate", "failure": "read did not return within 2 s (hung)"}]}')
+    assert sensor_failures(tmp_path / "runs" / "r001_pl") == "cpu_estimate failed: read did not return within 2 s (hung)"
+    assert sensor_failures(tmp_path / "nowhere") is None
     crashed = runner({}, "r002_crash", None)
     assert not crashed.reached and crashed.stopped == ("failed: exit code 1, no catalog record: "
                                                        "RuntimeError: out of memory")
