@@ -64,8 +64,8 @@ def overlay(data: dict, epochs: int) -> dict:
 
 def calibrate(base: dict, out: Path, reuse: bool) -> dict:
     """The defaults for the fixed budget, no stop: the val/loss they end at (the target) and their cost."""
-    from lightning_energy.recommend import Target
-    from lightning_energy.recommend_config import ConfigRunner
+    from lightning_energy.optimize.recommend import Target
+    from lightning_energy.optimize.recommend_config import ConfigRunner
 
     runner = ConfigRunner(base, {}, Target("val/loss", 0.0, "min"), out, CLI)  # a target no run reaches
     record = runner._record("defaults_fixed_budget") if reuse else None
@@ -81,8 +81,8 @@ def calibrate(base: dict, out: Path, reuse: bool) -> dict:
 def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None, reuse: bool = False) -> dict:
     import yaml
 
-    from lightning_energy.cli import main as lightning_energy
-    from lightning_energy.recommend_config import load_configs, merge
+    from lightning_energy.cli.main import main as lightning_energy
+    from lightning_energy.optimize.recommend_config import load_configs, merge
 
     data, epochs = DATASETS[name]
     folder = work / name
@@ -125,7 +125,7 @@ def run_dataset(name: str, work: Path, repeats: int, budget_runs: int | None, re
 
 
 def summary_table(results: list[dict]) -> str:
-    from lightning_energy.commands.common import table
+    from lightning_energy.cli.commands.common import table
 
     return table(["dataset", "target val/loss", "defaults J", "± ", "best J", "±", "x less J", "defaults s",
                   "best s", "x less s", "energy is", "recommended"],
@@ -136,7 +136,7 @@ def summary_table(results: list[dict]) -> str:
 
 
 def effects_table(effects: list[dict]) -> str:
-    from lightning_energy.commands.recommend import format_effects
+    from lightning_energy.cli.commands.recommend import format_effects
 
     return format_effects(effects)
 

@@ -27,9 +27,9 @@ thread and no real time: every clock is simulated.
   read that saw the move), vendored below as :class:`OldSensorSeries`; ``unaware`` is the current
   ``SensorSeries`` fed without marks, which is the rule of commit 9bd5f86 (trapezoid; counter points at
   their estimated update times, linear between them); ``new`` is the current ``SensorSeries`` fed the
-  marks (the boundary rule: power changes at the marks; see ``lightning_energy/series.py``).
+  marks (the boundary rule: power changes at the marks; see ``lightning_energy/measure/series.py``).
 - Error: ``|figure − exact| / exact`` per window (%), median, 95th percentile and max. The bound is
-  ``lightning_energy.series.bound_between`` of the edges recorded at resolution (new rule only): ``holds``
+  ``lightning_energy.measure.series.bound_between`` of the edges recorded at resolution (new rule only): ``holds``
   is the share of step windows whose error is within it, ``bound`` its median as a % of the step energy.
 - Resolution delay: how long after a mark (ms of simulated time) the tick that resolved it came.
 
@@ -63,8 +63,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_energy.sensors.base import Sensor  # noqa: E402
-from lightning_energy.series import SensorSeries, bound_between  # noqa: E402
+from lightning_energy.measure.sensors.base import Sensor  # noqa: E402
+from lightning_energy.measure.series import SensorSeries, bound_between  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported: benchmarks/machine.py
 from machine import machine_info, write_json_atomic  # noqa: E402

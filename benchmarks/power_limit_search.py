@@ -1,7 +1,7 @@
 """Power-limit search on curves it was not tuned to: success and profiling steps per curve family and selector.
 
 Curve families (``FAMILIES``), each on three simulated cards (V100 150-300 W as in the power-limit study,
-A100 100-400 W, H100 200-700 W; ``lightning_energy.gpu_sim``): the quadratic V100-study shape, an
+A100 100-400 W, H100 200-700 W; ``lightning_energy.testing.gpu_sim``): the quadratic V100-study shape, an
 interior energy optimum (the range reaches below the voltage floor), a voltage-floor kink, a memory-bound
 (flat) step, a step that never reaches the upper limits (flat top), a cliff (a clock floor below which the
 card throttles hard), discrete clock-bin plateaus, and a host-bound step (the card idles 40 % of a step).
@@ -40,9 +40,15 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_energy.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
+from lightning_energy.testing.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
-from lightning_energy.power_limit import AdaptiveSearch, ExhaustiveSweep, LimitProfile, Objective, limit_grid  # noqa: E402
+from lightning_energy.optimize.power_limit.search import (  # noqa: E402
+    AdaptiveSearch,
+    ExhaustiveSweep,
+    LimitProfile,
+    Objective,
+    limit_grid,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "power_limit_search.json"
 WAIT_STEPS, WARMUP_STEPS, PROFILE_STEPS, PL_STEP_W = 1, 10, 40, 25  # Zeus's GlobalPowerLimitOptimizer defaults

@@ -60,7 +60,7 @@ from baler_lit.models import AE  # noqa: E402
 from baler_lit.synthetic import synthetic_cms_jets  # noqa: E402
 from lightning_energy.callbacks.precision import PrecisionSwitch  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
-from lightning_energy.precision import MODE_NAMES, MODES, unavailable_reason  # noqa: E402
+from lightning_energy.optimize.precision.modes import MODE_NAMES, MODES, unavailable_reason  # noqa: E402
 
 torch.set_num_threads(1)
 with contextlib.suppress(RuntimeError):

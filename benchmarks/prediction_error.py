@@ -2,7 +2,7 @@
 
 Baler's autoencoder (24-200-100-50-15-50-100-200-24, LeakyReLU; built here with plain ``nn`` so the
 benchmark depends on ``lightning_energy`` only) is trained with Adam on uniform random data of Baler's
-shape (24 columns, batch 512). Before the fit, :func:`lightning_energy.prediction.estimate_energy`
+shape (24 columns, batch 512). Before the fit, :func:`lightning_energy.predict.pre_run.estimate_energy`
 benchmarks Linear and Conv2d layers on this device with the auto-detected sensors and predicts the energy
 per step; during the fit ``EnergyPredictionCheck`` measures the training steps with the same sensors,
 ``FlopsCallback`` the FLOP rate, MFU and energy per GFLOP. Printed: the fits (a, b, R^2), predicted and
@@ -33,9 +33,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from lightning_energy.callbacks.flops import FlopsCallback  # noqa: E402
-from lightning_energy.callbacks.prediction import EnergyPredictionCheck  # noqa: E402
+from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
-from lightning_energy.prediction import estimate_energy  # noqa: E402
+from lightning_energy.predict.pre_run import estimate_energy  # noqa: E402
 
 torch.set_num_threads(1)
 N_COLUMNS, LATENT, BATCH = 24, 15, 512

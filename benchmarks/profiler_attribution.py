@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import machine_info, write_json_atomic  # noqa: E402
 
-from lightning_energy.op_energy import EnergyCurve, attribute_energy  # noqa: E402
+from lightning_energy.outputs.op_energy import EnergyCurve, attribute_energy  # noqa: E402
 
 STEP_US = 1000.0
 SIZES = (1_000, 10_000, 50_000)

@@ -39,14 +39,14 @@ sys.path.insert(0, str(ROOT))
 import lightning as L  # noqa: E402
 
 from lightning_energy import EnergyCallback, SimulatedSensor  # noqa: E402
-from lightning_energy.callbacks.batch_sample import BatchSampleEstimate  # noqa: E402
+from lightning_energy.callbacks.batch_sample_estimate import BatchSampleEstimate  # noqa: E402
 from lightning_energy.callbacks.carbon import CarbonCallback  # noqa: E402
 from lightning_energy.callbacks.catalog import CatalogCallback  # noqa: E402
 from lightning_energy.callbacks.forecast import ForecastCallback  # noqa: E402
-from lightning_energy.cli import main  # noqa: E402
-from lightning_energy.examples import TinyAutoencoder  # noqa: E402
+from lightning_energy.cli.main import main  # noqa: E402
+from lightning_energy.testing.example_model import TinyAutoencoder  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
-from lightning_energy.sweep import quiet_lightning  # noqa: E402
+from lightning_energy.sweep.runner import quiet_lightning  # noqa: E402
 
 HOOK_GOAL_US = 50.0
 SWEEP_GOAL_S = 60.0

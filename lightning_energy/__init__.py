@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lightning_energy import _moved
 from lightning_energy.lazy import lazy_names
+
+_moved.install()  # old module paths (before the layout of issue 19): deprecated aliases
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {
@@ -18,28 +21,28 @@ _PUBLIC: dict[str, str] = {
     "CarbonCallback": "lightning_energy.callbacks.carbon",
     "ForecastCallback": "lightning_energy.callbacks.forecast",
     "CatalogCallback": "lightning_energy.callbacks.catalog",
-    "BatchSampleEstimate": "lightning_energy.callbacks.batch_sample",
+    "BatchSampleEstimate": "lightning_energy.callbacks.batch_sample_estimate",
     "EnergyProfiler": "lightning_energy.callbacks.profiler",
     "FlopsCallback": "lightning_energy.callbacks.flops",
-    "EnergyPredictionCheck": "lightning_energy.callbacks.prediction",
+    "EnergyPredictionCheck": "lightning_energy.callbacks.prediction_check",
     "PrecisionSwitch": "lightning_energy.callbacks.precision",
     "PowerLimitOptimizer": "lightning_energy.callbacks.power_limit",
     "BatchSizeSearch": "lightning_energy.callbacks.batch_size",
-    "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.bso",
-    "EnergyToAccuracy": "lightning_energy.callbacks.eta",
-    "CompileModel": "lightning_energy.callbacks.compile",
-    "Sensor": "lightning_energy.sensors.base",
-    "SimulatedSensor": "lightning_energy.sensors.simulated",
-    "CpuEstimateSensor": "lightning_energy.sensors.estimate",
-    "NvmlGpuSensor": "lightning_energy.sensors.nvml",
-    "RaplSensor": "lightning_energy.sensors.rapl",
-    "Measurement": "lightning_energy.meter",
-    "Meter": "lightning_energy.meter",
-    "Sampler": "lightning_energy.sampler",
-    "get_sampler": "lightning_energy.sampler",
+    "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.zeus_batch_size",
+    "EnergyToAccuracy": "lightning_energy.callbacks.energy_to_accuracy",
+    "CompileModel": "lightning_energy.callbacks.compile_model",
+    "Sensor": "lightning_energy.measure.sensors.base",
+    "SimulatedSensor": "lightning_energy.testing.simulated_sensor",
+    "CpuEstimateSensor": "lightning_energy.measure.sensors.cpu_model",
+    "NvmlGpuSensor": "lightning_energy.measure.sensors.nvml",
+    "RaplSensor": "lightning_energy.measure.sensors.rapl",
+    "Measurement": "lightning_energy.measure.meter",
+    "Meter": "lightning_energy.measure.meter",
+    "Sampler": "lightning_energy.measure.sampler",
+    "get_sampler": "lightning_energy.measure.sampler",
     "intensity_from_mix": "lightning_energy.carbon",
-    "estimate_energy": "lightning_energy.prediction",
-    "SwitchablePrecision": "lightning_energy.precision",
+    "estimate_energy": "lightning_energy.predict.pre_run",
+    "SwitchablePrecision": "lightning_energy.integration.precision_plugin",
 }
 
 __all__ = list(_PUBLIC)
@@ -47,23 +50,24 @@ __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
-    from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
+    from lightning_energy.callbacks.batch_sample_estimate import BatchSampleEstimate
     from lightning_energy.callbacks.batch_size import BatchSizeSearch
-    from lightning_energy.callbacks.bso import ZeusBatchSizeOptimizer
+    from lightning_energy.callbacks.zeus_batch_size import ZeusBatchSizeOptimizer
     from lightning_energy.callbacks.carbon import CarbonCallback
     from lightning_energy.callbacks.catalog import CatalogCallback
-    from lightning_energy.callbacks.compile import CompileModel
+    from lightning_energy.callbacks.compile_model import CompileModel
     from lightning_energy.callbacks.energy import EnergyCallback
-    from lightning_energy.callbacks.eta import EnergyToAccuracy
+    from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
     from lightning_energy.callbacks.flops import FlopsCallback
     from lightning_energy.callbacks.forecast import ForecastCallback
     from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
     from lightning_energy.callbacks.precision import PrecisionSwitch
-    from lightning_energy.callbacks.prediction import EnergyPredictionCheck
+    from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck
     from lightning_energy.callbacks.profiler import EnergyProfiler
     from lightning_energy.carbon import intensity_from_mix
-    from lightning_energy.meter import Measurement, Meter
-    from lightning_energy.precision import SwitchablePrecision
-    from lightning_energy.prediction import estimate_energy
-    from lightning_energy.sampler import Sampler, get_sampler
-    from lightning_energy.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor, SimulatedSensor
+    from lightning_energy.measure.meter import Measurement, Meter
+    from lightning_energy.integration.precision_plugin import SwitchablePrecision
+    from lightning_energy.predict.pre_run import estimate_energy
+    from lightning_energy.measure.sampler import Sampler, get_sampler
+    from lightning_energy.measure.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor
+    from lightning_energy.testing.simulated_sensor import SimulatedSensor

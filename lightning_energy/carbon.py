@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from lightning_energy.units import J_PER_KWH
 
-JOULES_PER_KWH = 3.6e6
 WORLD_AVERAGE_G_PER_KWH = 475.0  # CodeCarbon's world-average fallback (IEA 2019)
 MIX_TOLERANCE = 1e-6  # shares must sum to 1 within this
 
@@ -83,7 +83,7 @@ def intensity_from_mix(mix: dict[str, float]) -> float:
 
 def co2e_g(energy_J: float, g_per_kWh: float, pue: float = 1.0) -> float:
     """Grams of CO2e for ``energy_J`` joules at ``g_per_kWh`` and power usage effectiveness ``pue``."""
-    return energy_J / JOULES_PER_KWH * g_per_kWh * pue
+    return energy_J / J_PER_KWH * g_per_kWh * pue
 
 
 def validate_pue(pue: object) -> float:

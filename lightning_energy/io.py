@@ -17,7 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from lightning_energy.output_worker import describe_error
+from lightning_energy.outputs.worker import describe_error
 
 # fsync errors that only say the file system cannot sync (e.g. some network or virtual file systems)
 _FSYNC_UNSUPPORTED = {errno.EINVAL, getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}

@@ -9,7 +9,7 @@ from typing import Callable
 def lazy_names(package: str, names: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package`` whose public ``names`` (name -> defining module) are imported
     when first used; each is then cached in the package's namespace. A submodule not imported yet is
-    imported on access too (``lightning_energy.sensors`` after a plain ``import lightning_energy``)."""
+    imported on access too (``lightning_energy.measure.sensors`` after a plain ``import lightning_energy``)."""
     import sys
 
     def __getattr__(name: str):

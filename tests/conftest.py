@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_energy.sampler import Sampler
+from lightning_energy.measure.sampler import Sampler
 
 
 class FakeClock:

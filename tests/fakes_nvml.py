@@ -32,7 +32,7 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
 - Any call can take time (``latency_s``: advances the fake clock), be held until released
   (:meth:`FakeNvml.block`), or fail with an NVML error code (:meth:`FakeNvml.fail`).
 
-:class:`FakeTorch` (enough of ``torch`` for ``lightning_energy.clocks``): per-thread current device
+:class:`FakeTorch` (enough of ``torch`` for ``lightning_energy.measure.clocks``): per-thread current device
 (0 unless set), ``torch.cuda.device`` guards (recorded in ``cuda.entries``), primary contexts created
 by runtime calls on a thread's current device (``cuda.contexts``), and ``torch.cuda.Event``\\ s that
 complete ``lag_s`` after they are recorded (in stream order), on a device clock that may drift

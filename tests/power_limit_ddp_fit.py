@@ -15,8 +15,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer  # noqa: E402
-from lightning_energy.gpu_sim import COMPUTE_BOUND, MEMORY_BOUND, SimulatedGPU, SimulatedWorkload  # noqa: E402
-from lightning_energy.power_limit import AdaptiveSearch, LimitProfile, Objective, limit_grid  # noqa: E402
+from lightning_energy.testing.gpu_sim import COMPUTE_BOUND, MEMORY_BOUND, SimulatedGPU, SimulatedWorkload  # noqa: E402
+from lightning_energy.optimize.power_limit.search import (  # noqa: E402
+    AdaptiveSearch,
+    LimitProfile,
+    Objective,
+    limit_grid,
+)
 from power_limit_helpers import SimModule, install_fake_time, loader  # noqa: E402
 
 PROFILE_STEPS = 3

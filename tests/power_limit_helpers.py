@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from lightning_energy.integration import session as integration_session
-from lightning_energy.meter import Meter
-from lightning_energy.sampler import Sampler
+from lightning_energy.measure.meter import Meter
+from lightning_energy.measure.sampler import Sampler
 
 
 class ThreadlessSampler(Sampler):

@@ -17,8 +17,8 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from torch import nn
 
 from conftest import TinyRegressor
-from lightning_energy.sampler import get_sampler
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import get_sampler
+from lightning_energy.measure.sensors.base import Sensor
 
 SAMPLER_INTERVAL_S = 0.002
 STEP_SLEEP_S = 0.01  # each training step sleeps this long, so steps take about the same time in every mode

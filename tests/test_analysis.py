@@ -299,8 +299,8 @@ def test_provenance_combines_and_reads_older_files():
 
 def test_simulated_sensors_are_labelled_simulated_and_the_tensorboard_figure_says_so():
     from lightning_energy import CpuEstimateSensor, SimulatedSensor
-    from lightning_energy.gpu_sim import SimulatedGpuSensor
-    from lightning_energy.tensorboard import power_figure
+    from lightning_energy.testing.gpu_sim import SimulatedGpuSensor
+    from lightning_energy.outputs.tensorboard import power_figure
 
     assert SimulatedSensor("gpu", 100.0).describe()["provenance"] == "simulated"
     assert SimulatedGpuSensor(0).provenance == "simulated"
@@ -313,7 +313,7 @@ def test_simulated_sensors_are_labelled_simulated_and_the_tensorboard_figure_say
 
 
 def test_compare_and_fit_say_where_the_joules_come_from(tmp_path, capsys):
-    from lightning_energy.cli import main
+    from lightning_energy.cli.main import main
 
     runs = []
     for i, (batch, watts) in enumerate([(16, 100.0), (32, 80.0), (64, 70.0)]):

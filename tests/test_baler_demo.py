@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import numpy as np
 import pytest
@@ -17,9 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_demo_runs_whole_chain_and_reports(tmp_path, capsys):
-    start = time.perf_counter()
     result = demo.run(tmp_path, rows=3000, epochs=3)  # what `demo.main` prints, and the figures behind it
-    elapsed = time.perf_counter() - start
     out = capsys.readouterr().out
     for text in ("compression ratio", "reconstruction error", "energy:", "lightning-energy report",
                  "worst columns by rms/range:"):
@@ -53,4 +50,3 @@ def test_demo_runs_whole_chain_and_reports(tmp_path, capsys):
     assert table.count("\n| ") == 24 + 1 and "med\\|r\\|/range" in table  # header + one row per column
     assert any(t.startswith("energy/") for t in tags["scalars"])
     assert {"evaluate/residual_boxplot", "evaluate/histograms", "evaluate/response"} <= set(tags["images"])
-    assert elapsed < 60  # the full-size demo must stay under 2 minutes; this small one is far quicker

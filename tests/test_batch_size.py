@@ -13,7 +13,7 @@ from torch import nn
 
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.batch_size import BatchSizeSearch
-from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import RecordingLogger, install_fake_time
 from precision_helpers import ClockedEnergyCounter
 

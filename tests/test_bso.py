@@ -1,6 +1,6 @@
 """ZeusBatchSizeOptimizer against Zeus's own BSO server on 127.0.0.1 with SQLite: three recurring fits.
 
-The server runs as a separate process from ``lightning_energy/bso_server.py`` under the first Python
+The server runs as a separate process from ``lightning_energy/optimize/bso_server.py`` under the first Python
 that can run it: ``$LIGHTNING_ENERGY_BSO_PYTHON``, ``.venv-bso/bin/python``, or this interpreter.
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 from conftest import trainer_kwargs
-from lightning_energy.callbacks.bso import BSOServerError, ZeusBatchSizeOptimizer
-from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.callbacks.zeus_batch_size import BSOServerError, ZeusBatchSizeOptimizer
+from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "lightning_energy" / "bso_server.py"
+LAUNCHER = REPO / "lightning_energy" / "optimize" / "bso_server.py"
 
 
 def server_python() -> str | None:
@@ -42,7 +42,7 @@ def bso_server(tmp_path_factory):
     python = server_python()
     if python is None:
         pytest.skip("no Python here can run Zeus's BSO server: it needs fastapi>=0.119,<0.128, uvicorn, "
-                    "sqlalchemy[asyncio], aiosqlite and python-dotenv beside zeus (see lightning_energy/bso_server.py); "
+                    "sqlalchemy[asyncio], aiosqlite and python-dotenv beside zeus (see lightning_energy/optimize/bso_server.py); "
                     "create .venv-bso or set LIGHTNING_ENERGY_BSO_PYTHON")
     folder = tmp_path_factory.mktemp("bso")
     database = folder / "bso.sqlite3"
@@ -191,7 +191,7 @@ def test_launcher_refuses_bad_arguments_without_starting(tmp_path):
 
 
 def test_cli_command_reports_a_bad_port_in_one_line(capsys):
-    from lightning_energy.cli import main
+    from lightning_energy.cli.main import main
 
     assert main(["bso-server", "--port", "70000"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -19,7 +19,7 @@ from lightning_energy import SimulatedSensor
 from lightning_energy.callbacks.carbon import CarbonCallback
 from lightning_energy.callbacks.catalog import CHECKPOINT_KEY, RUN_ATTRIBUTES_FILE, CatalogCallback
 from lightning_energy.catalog import CATALOG_FILE, Catalog, CatalogError
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 
 WATTS = {"device": 120.0, "host": 30.0}
 

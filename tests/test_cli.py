@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 
 
 def test_show_report_prints_the_table(tmp_path, capsys):

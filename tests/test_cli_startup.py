@@ -30,7 +30,7 @@ def loaded_after(argv: list[str]) -> dict:
     """Run the CLI in a fresh interpreter; the heavy modules it loaded, its exit code and its stdout."""
     code = f"""
 import contextlib, io, json, sys
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 out = io.StringIO()
 try:
     with contextlib.redirect_stdout(out):
@@ -78,7 +78,7 @@ from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks import CarbonCallback
 assert EnergyCallback.__module__ == "lightning_energy.callbacks.energy", EnergyCallback.__module__
 assert "EnergyCallback" in dir(lightning_energy) and "CarbonCallback" in lightning_energy.__all__
-assert lightning_energy.sensors.estimate.CpuEstimateSensor is lightning_energy.CpuEstimateSensor  # submodules too
+assert lightning_energy.measure.sensors.cpu_model.CpuEstimateSensor is lightning_energy.CpuEstimateSensor  # submodules too
 try:
     lightning_energy.NoSuchThing
 except AttributeError as err:
@@ -103,7 +103,7 @@ def test_a_reader_that_closed_the_pipe_ends_the_command_without_a_traceback(offl
 
 
 def test_files_the_commands_write_are_readable_by_others(offline_run, tmp_path):
-    from lightning_energy.cli import main
+    from lightning_energy.cli.main import main
 
     old = os.umask(0o022)
     try:
@@ -115,7 +115,7 @@ def test_files_the_commands_write_are_readable_by_others(offline_run, tmp_path):
 
 
 def test_chrome_traces_are_rewritten_with_the_usual_mode(tmp_path):
-    from lightning_energy.op_energy import read_chrome_trace, write_chrome_trace
+    from lightning_energy.outputs.op_energy import read_chrome_trace, write_chrome_trace
 
     old = os.umask(0o022)
     try:

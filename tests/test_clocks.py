@@ -15,7 +15,7 @@ import pytest
 
 from conftest import FakeClock
 from fakes_nvml import FakeTorch
-from lightning_energy import clocks
+from lightning_energy.measure import clocks
 
 HOUR_S = 3600.0
 
@@ -27,7 +27,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def torch_fake(monkeypatch, clock) -> FakeTorch:
-    """A two-GPU fake torch; the host clock of ``lightning_energy.clocks`` is the fake clock; the
+    """A two-GPU fake torch; the host clock of ``lightning_energy.measure.clocks`` is the fake clock; the
     process-wide clock cache starts empty; the test (training) thread has set device 1, as Lightning does."""
     fake = FakeTorch(clock, device_count=2)
     monkeypatch.setitem(sys.modules, "torch", fake)

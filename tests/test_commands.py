@@ -12,9 +12,9 @@ import pytest
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog
-from lightning_energy.cli import main
-from lightning_energy.gpu_sim import SimulatedGPU
-from lightning_energy.sweep import (
+from lightning_energy.cli.main import main
+from lightning_energy.testing.gpu_sim import SimulatedGPU
+from lightning_energy.sweep.runner import (
     GpuPowerLimits, SweepConfigError, SweepError, load_config, parse_config, run_sweep, sweep_order,
 )
 from power_limit_helpers import install_fake_time
@@ -64,7 +64,7 @@ def test_power_plot_marks_every_epoch_start_and_end(tmp_path):
 
 def real_fit(root: Path, batch_size: int, max_epochs: int = 2) -> Path:
     """A real short fit of the tiny autoencoder with EnergyCallback on 120 W device + 30 W host sensors."""
-    from lightning_energy.examples import TinyAutoencoder
+    from lightning_energy.testing.example_model import TinyAutoencoder
 
     callback = EnergyCallback(sensors=[SimulatedSensor("device", 120.0), SimulatedSensor("host", 30.0, scope="host")],
                               verbose=False, interval_s=0.005)
@@ -269,7 +269,7 @@ def test_shipped_tiny_sweep_config_is_valid(capsys):
 
 
 BASE_CONFIG = {
-    "model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
+    "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
     "grid": {"precision": ["32-true"], "batch_size": [32], "power_limit_W": [150, 200, 300]},
     "sensors": {"simulated": {"gpu": {"workload": "compute_bound"}, "host_W": 20}},
     "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1},
@@ -278,10 +278,10 @@ BASE_CONFIG = {
 
 @pytest.mark.parametrize("change, match", [
     ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
-    ({"model": {"class_path": "lightning_energy.examples.Nope"}}, "has no class 'Nope'"),
+    ({"model": {"class_path": "lightning_energy.testing.example_model.Nope"}}, "has no class 'Nope'"),
     ({"model": {"class_path": "no_such_module.Model"}}, "cannot import 'no_such_module'"),
     ({"model": {"class_path": "conftest.TinyRegressor"}}, "takes no `batch_size`"),
-    ({"model": {"class_path": "lightning_energy.examples.TinyAutoencoder", "init_args": {"batch_size": 8}}},
+    ({"model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder", "init_args": {"batch_size": 8}}},
      "set by the grid"),
     ({"sensors": "auto"}, "sets the power limit of real NVIDIA GPUs, but trainer.accelerator is 'cpu'"),
     ({"sensors": {"simulated": {"device_W": 100, "gpu": {}}}}, "remove device_W"),
@@ -324,7 +324,7 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
                                       "carbon": {"intensity_g_per_kWh": 100.0}}))
     code, out, err = run_cli(capsys, "sweep", "--config", config)
     assert code == 0, err
-    assert "CERN est J" in out and "SIMULATED on lightning_energy.gpu_sim's GPU" in out
+    assert "CERN est J" in out and "SIMULATED on lightning_energy.testing.gpu_sim's GPU" in out
     assert "energies are SIMULATED: SIMULATED sensors follow" in out and " SIMULATED " in out.splitlines()[2]
     results = json.loads((tmp_path / "out" / "sweep_results.json").read_text())
     rows = results["runs"]
@@ -372,7 +372,7 @@ def test_simulated_power_limits_follow_the_gpu_model(tmp_path, monkeypatch):
     """On fake time every second is a simulated step: time and device energy per step are the model's, exactly."""
     clock = install_fake_time(monkeypatch.setattr)
     config = parse_config({**BASE_CONFIG, "output_dir": str(tmp_path / "out"),
-                           "model": {"class_path": "lightning_energy.examples.TinyAutoencoder",
+                           "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder",
                                      "init_args": {"n_train": 512, "n_val": 64}},
                            "grid": {"batch_size": [128], "power_limit_W": [150, 225, 300]}})
     rows = run_sweep(config, sweep_order(config.points(), repetitions=1, seed=0), clock=clock)
@@ -396,8 +396,8 @@ def test_simulated_power_limits_follow_the_gpu_model(tmp_path, monkeypatch):
 
 
 def cards_for_the_sweep(monkeypatch, gpus: list) -> None:
-    """The sweep opens CUDA device i as ``gpus[i]`` (lightning_energy.gpu_control, the card-control module)."""
-    from lightning_energy import gpu_control
+    """The sweep opens CUDA device i as ``gpus[i]`` (lightning_energy.optimize.power_limit.gpu_control, the card-control module)."""
+    from lightning_energy.optimize.power_limit import gpu_control
 
     monkeypatch.setattr(gpu_control, "visible_gpu_count", lambda: len(gpus))
     monkeypatch.setattr(gpu_control, "open_gpu", lambda cuda_index: gpus[cuda_index])
@@ -431,7 +431,7 @@ def test_real_power_limits_are_set_per_run_and_restored_even_when_a_run_fails(tm
             raise RuntimeError("out of memory")
         return {"run": index}
 
-    monkeypatch.setattr("lightning_energy.sweep.run_one", fake_run)
+    monkeypatch.setattr("lightning_energy.sweep.runner.run_one", fake_run)
     order = [(0, {**config.points()[0], "power_limit_W": limit}) for limit in (175, None, 250)]
     cards_for_the_sweep(monkeypatch, gpus)
     with pytest.raises(SweepError, match=r"run rep0_prec32-true_bs32_pl250W \(3/3\) failed: "

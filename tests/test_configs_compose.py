@@ -110,7 +110,9 @@ def test_cms_with_power_limit_simulated_keeps_best_ckpt_and_reads_the_simulated_
 def test_cms_with_precision_switch_keeps_best_ckpt(tmp_path, monkeypatch):
     from lightning_energy.callbacks.precision import PrecisionSwitch
 
-    code, trainer, run = _fit(tmp_path, ["cms_ae", "precision_switch"], *_small_cms(rows=800, batch=32),
+    # 150 steps: room for every profiling round PrecisionSwitch may need (4 modes x 3 steps x up to 4 rounds);
+    # with 20 steps the pick depended on whether the machine's noise let one round decide
+    code, trainer, run = _fit(tmp_path, ["cms_ae", "precision_switch"], *_small_cms(rows=6000, batch=32),
                               # the fragment's PrecisionSwitch (the last callback), shortened
                               "--trainer.callbacks.init_args.warmup_steps=1",
                               "--trainer.callbacks.init_args.profile_steps=2", monkeypatch=monkeypatch)

@@ -15,8 +15,8 @@ from lightning.pytorch.loggers.logger import Logger
 
 from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
-from lightning_energy.report import format_report
-from lightning_energy.trace import read_trace
+from lightning_energy.outputs.report import format_report
+from lightning_energy.outputs.trace import read_trace
 
 DEVICE_W, HOST_W = 120.0, 30.0
 VALIDATION_STEP_S = 0.1
@@ -159,7 +159,7 @@ def test_trace_files_hold_samples_and_events(tmp_path):
 def test_zero_configuration_on_a_cpu_only_machine_is_a_labelled_estimate(tmp_path, monkeypatch):
     empty_powercap = tmp_path / "powercap"  # hermetic: no RAPL zones, whatever this machine has
     empty_powercap.mkdir()
-    monkeypatch.setattr("lightning_energy.sensors.rapl.POWERCAP_ROOT", empty_powercap)
+    monkeypatch.setattr("lightning_energy.measure.sensors.rapl.POWERCAP_ROOT", empty_powercap)
     callback = EnergyCallback(verbose=False)
     fit(tmp_path, callback, max_epochs=1)
     report = callback.report
@@ -310,7 +310,7 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
     """
     import types
 
-    from lightning_energy.sensors.zeus import ZeusBackend
+    from lightning_energy.measure.sensors.zeus import ZeusBackend
     from power_limit_helpers import install_fake_time
 
     clock = install_fake_time(monkeypatch.setattr)
@@ -334,7 +334,7 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
     monitor = FakeMonitor()
     sensors = [SimulatedSensor("device", DEVICE_W, kind="energy", clock=clock),
                SimulatedSensor("host", HOST_W, scope="host", kind="energy", clock=clock)]
-    monkeypatch.setattr("lightning_energy.session.zeus_sensors",
+    monkeypatch.setattr("lightning_energy.integration.session.zeus_sensors",
                         lambda cuda_index, read_host: (sensors, ZeusBackend(None, False, monitor=monitor)))
 
     callback = EnergyCallback(backend="zeus", verbose=False)

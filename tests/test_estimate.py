@@ -12,14 +12,14 @@ from torch import nn
 
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
-from lightning_energy.callbacks.prediction import PREDICTION_FILE, EnergyPredictionCheck
-from lightning_energy.cli import main
-from lightning_energy.flops import count_model
-from lightning_energy.prediction import (
+from lightning_energy.callbacks.prediction_check import PREDICTION_FILE, EnergyPredictionCheck
+from lightning_energy.cli.main import main
+from lightning_energy.predict.flops import count_model
+from lightning_energy.predict.pre_run import (
     DEFAULT_SPECS, Fit, LayerSpec, MeterProbe, benchmark_layers, compare_prediction, estimate_energy, fit_energy,
     fit_points, memory_pj, model_specs, price_pj, theoretical_estimate,
 )
-from lightning_energy.sampler import get_sampler
+from lightning_energy.measure.sampler import get_sampler
 from test_flops import baler_ae
 
 LINEAR_ARGS = ["torch.nn.Linear", "--init-args", '{"in_features": 24, "out_features": 200}', "--input-shape", "512,24"]

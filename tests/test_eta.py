@@ -7,8 +7,8 @@ import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import trainer_kwargs
-from lightning_energy.callbacks.eta import EnergyToAccuracy
-from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
+from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, RecordingLogger, install_fake_time
 
 BATCH = 64  # AccuracyModule's loader batch size here: ROWS / 64 = 16 steps per epoch
@@ -115,7 +115,7 @@ def test_a_resumed_run_counts_what_an_uninterrupted_one_counts(tmp_path, monkeyp
 
 @pytest.mark.parametrize("target, waits", [(0.9, 0), (0.5, 1)], ids=["never_reached", "reached"])
 def test_no_wait_at_validations_but_the_one_that_reaches_the_target(tmp_path, monkeypatch, target, waits):
-    from lightning_energy.meter import Meter
+    from lightning_energy.measure.meter import Meter
 
     recorded, training = [], []
     original = Meter.wait

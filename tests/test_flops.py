@@ -14,8 +14,8 @@ from torch import nn
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import SimulatedSensor
 from lightning_energy.callbacks.flops import TABLE_FILE, FlopsCallback
-from lightning_energy.flops import OTHER_ROW, count_model, study_macs
-from lightning_energy.peaks import (
+from lightning_energy.predict.flops import OTHER_ROW, count_model, study_macs
+from lightning_energy.predict.peaks import (
     CORRECTIONS, GPU_BENCH_MIN_SIZE, GPU_BENCH_SIZE, device_peak, gpu_bench_size, gpu_peak, measured_peak, precision_of,
 )
 
@@ -340,7 +340,7 @@ PEAKS = {"fp32": 2e9, "bf16": 8e9}
 @pytest.fixture
 def fixed_peaks(monkeypatch):
     """Known peaks per precision instead of the CPU measurement."""
-    from lightning_energy.peaks import Peak
+    from lightning_energy.predict.peaks import Peak
 
     monkeypatch.setattr("lightning_energy.callbacks.flops.device_peak",
                         lambda device, precision: Peak(PEAKS[precision], precision, str(device), "test table", False))

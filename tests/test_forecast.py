@@ -14,9 +14,9 @@ from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import SimulatedSensor
 from lightning_energy.callbacks.carbon import CarbonCallback
 from lightning_energy.callbacks.forecast import FORECAST_REPORT_FILE, ForecastCallback
-from lightning_energy.forecast import ForecastTracker, ForecastUnavailable, plan_run
+from lightning_energy.predict.forecast import ForecastTracker, ForecastUnavailable, plan_run
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
-from lightning_energy.meter import Meter, measure
+from lightning_energy.measure.meter import Meter, measure
 
 WATTS = 150.0
 

@@ -52,7 +52,7 @@ class DirectNvml(L.Callback):
         self.epoch_J = []
 
     def _read(self, trainer):
-        from lightning_energy.sensors.nvml import nvml_index_for_cuda_device
+        from lightning_energy.measure.sensors.nvml import nvml_index_for_cuda_device
 
         torch.cuda.synchronize()
         handle = self.nvml.nvmlDeviceGetHandleByIndex(nvml_index_for_cuda_device(self.nvml, trainer.strategy.root_device.index))
@@ -85,7 +85,7 @@ def test_epoch_energy_matches_direct_nvml_and_zeus(tmp_path, backend):
 
 
 def test_telemetry_fields_are_in_the_trace(tmp_path):
-    from lightning_energy.trace import read_trace
+    from lightning_energy.outputs.trace import read_trace
 
     energy = EnergyCallback(verbose=False, interval_s=0.01)
     trainer = L.Trainer(callbacks=[energy], **trainer_kwargs(tmp_path, accelerator="gpu", max_epochs=1))

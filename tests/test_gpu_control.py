@@ -20,9 +20,10 @@ from lightning.pytorch import Callback
 
 from conftest import trainer_kwargs
 from fakes_nvml import FakeNvml, h100s
-from lightning_energy import cli, gpu_control
+from lightning_energy.cli import main as cli
+from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import SimModule, install_fake_time, loader
 
 ADMIN_W = 250  # an administrator's limit, not the card's default (300 W)
@@ -137,8 +138,8 @@ def test_sighup_with_the_default_disposition_ends_the_process_after_restoring(tm
     script.write_text(f"""
 import os, signal, sys
 sys.path.insert(0, {str(tmp_path.parent)!r})
-from lightning_energy import gpu_control
-from lightning_energy.gpu_sim import SimulatedGPU
+from lightning_energy.optimize.power_limit import gpu_control
+from lightning_energy.testing.gpu_sim import SimulatedGPU
 gpu = SimulatedGPU(persistence_mode=False)
 gpu.set_power_management_limit({ADMIN_W * 1000})
 controller = gpu_control.LimitController(gpu, "test")
@@ -226,7 +227,7 @@ def test_the_command_refuses_a_bad_marker_in_one_line(fake_nvml, state, capsys):
 
 
 def test_the_sweep_controls_the_trainers_card_through_the_mapping_and_restores_what_was_there(fake_nvml, state):
-    from lightning_energy.sweep import GpuPowerLimits
+    from lightning_energy.sweep.runner import GpuPowerLimits
 
     limits = GpuPowerLimits.open({"devices": [0]}, [200, 300])
     assert [gpu.gpu_index for gpu in limits.gpus.values()] == [1]
@@ -238,7 +239,7 @@ def test_the_sweep_controls_the_trainers_card_through_the_mapping_and_restores_w
     limits.close()
     assert fake_nvml.gpus[1].persistence_mode == 0 and gpu_control.list_markers(state) == []
     assert fake_nvml.gpus[0].limit_log == []  # the other card is never touched
-    from lightning_energy.sweep import SweepError
+    from lightning_energy.sweep.runner import SweepError
 
     limits = GpuPowerLimits.open({"devices": [0]}, [200])
     with pytest.raises(SweepError, match=r"set it by hand: nvidia-smi -i 1 -pl 450"):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_energy.op_energy import (
+from lightning_energy.outputs.op_energy import (
     DEVICE, DEVICE_IDLE_ROW, HOST, IDLE_ROW, EnergyCurve, attribute_energy, clock_offset_us, counter_events,
     device_clock_offset_us,
 )

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from lightning_energy.meter import Meter, measure
-from lightning_energy.sampler import KEEP_POINTS, Sampler
-from lightning_energy.sensors.simulated import SimulatedSensor
+from lightning_energy.measure.meter import Meter, measure
+from lightning_energy.measure.sampler import KEEP_POINTS, Sampler
+from lightning_energy.testing.simulated_sensor import SimulatedSensor
 
 
 def setup_meter(sampler: Sampler, clock, sensors) -> Meter:
@@ -228,8 +228,8 @@ def test_callbacks_share_a_name_only_between_sensors_that_read_the_same_thing(ma
 
 
 def test_sensors_of_one_name_on_different_hardware_are_told_apart(manual_sampler):
-    from lightning_energy.sensors.estimate import CpuEstimateSensor
-    from lightning_energy.sensors.nvml import NvmlGpuSensor
+    from lightning_energy.measure.sensors.cpu_model import CpuEstimateSensor
+    from lightning_energy.measure.sensors.nvml import NvmlGpuSensor
 
     class OpenedNvml(NvmlGpuSensor):
         def open(self):

@@ -25,9 +25,9 @@ from fakes_nvml import (
     FakeTorch,
     h100s,
 )
-from lightning_energy.sensors import detect
-from lightning_energy.sensors import nvml as nvml_module
-from lightning_energy.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
+from lightning_energy.measure.sensors import detect
+from lightning_energy.measure.sensors import nvml as nvml_module
+from lightning_energy.measure.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
 
 MIG_UUID = "MIG-0f0e0d0c-0b0a-0908-0706-050403020100"
 
@@ -352,8 +352,8 @@ def test_100_ms_steps_on_an_h100_counter_are_attributed_through_the_sampler(cloc
     """Steps of one counter period (100 ms) alternating 50/150 W on a fake H100 read by the sampler at
     ~20 Hz: the counter alone leaves every such period linear (each step then reads ~100 W: 30-60 % off);
     with the instant power each step is within a few per cent, and the total stays the counter's."""
-    from lightning_energy.meter import Meter, measure
-    from lightning_energy.sampler import Sampler
+    from lightning_energy.measure.meter import Meter, measure
+    from lightning_energy.measure.sampler import Sampler
 
     rng = random.Random(3)
     fake = FakeNvml(h100s(1, power_W=50.0), clock)

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import CatalogCallback, EnergyCallback, SimulatedSensor
 from lightning_energy.analysis.runs import load_run
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 
 JUMPY_TRACE = [(i * 0.013, 20.0 if i % 2 else 180.0) for i in range(2000)]  # 20 <-> 180 W every 13 ms
 

@@ -20,10 +20,10 @@ import pytest
 
 from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
-from lightning_energy.callbacks.batch_sample import BatchSampleEstimate
-from lightning_energy.callbacks.eta import EnergyToAccuracy
+from lightning_energy.callbacks.batch_sample_estimate import BatchSampleEstimate
+from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
 from lightning_energy.callbacks.flops import FlopsCallback
-from lightning_energy.callbacks.prediction import EnergyPredictionCheck
+from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck
 from lightning_energy.callbacks.profiler import EnergyProfiler
 from power_limit_helpers import install_fake_time
 
@@ -169,7 +169,7 @@ def test_energy_to_accuracy_reads_the_fit_start_of_the_timeline_in_either_order(
 
 def test_energy_to_accuracy_in_either_order_on_fake_time(tmp_path, monkeypatch):
     """Fake time: every window is exact, so the two orders agree to the last bit."""
-    from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
+    from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
     from power_limit_helpers import ROWS, AccuracyModule
 
     results = {}

@@ -19,14 +19,14 @@ import pytest
 
 import lightning_energy.catalog as catalog_module
 import lightning_energy.io as io_module
-import lightning_energy.tensorboard as tensorboard_module
-import lightning_energy.trace as trace_module
+import lightning_energy.outputs.tensorboard as tensorboard_module
+import lightning_energy.outputs.trace as trace_module
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog, CatalogError
-from lightning_energy.sampler import Reading
-from lightning_energy.tensorboard import TensorBoardExtras
-from lightning_energy.trace import TraceWriter, read_trace
+from lightning_energy.measure.sampler import Reading
+from lightning_energy.outputs.tensorboard import TensorBoardExtras
+from lightning_energy.outputs.trace import TraceWriter, read_trace
 
 WAIT_S = 30.0  # a generous bound for background work in Event waits (never a timing assertion)
 
@@ -142,7 +142,7 @@ def close_extras(extras) -> None:
 
 # ---------------------------------------------------------------- the output worker
 def test_worker_runs_jobs_elsewhere_and_a_failing_job_is_one_counted_line():
-    from lightning_energy.output_worker import OutputWorker
+    from lightning_energy.outputs.worker import OutputWorker
 
     worker = OutputWorker(warn=True)
     threads = []
@@ -166,7 +166,7 @@ def test_worker_runs_jobs_elsewhere_and_a_failing_job_is_one_counted_line():
 
 
 def test_worker_queue_is_bounded_drops_the_oldest_and_coalesces_by_key():
-    from lightning_energy.output_worker import OutputWorker
+    from lightning_energy.outputs.worker import OutputWorker
 
     worker = OutputWorker(max_pending=2, warn=False)
     started, release, ran = threading.Event(), threading.Event(), []
@@ -188,7 +188,7 @@ def test_worker_queue_is_bounded_drops_the_oldest_and_coalesces_by_key():
 
 
 def test_worker_close_is_bounded_when_a_job_hangs():
-    from lightning_energy.output_worker import OutputWorker
+    from lightning_energy.outputs.worker import OutputWorker
 
     worker = OutputWorker(warn=False)
     release = threading.Event()

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import FakeClock, trainer_kwargs
 from lightning_energy import EnergyCallback
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.gpu_sim import (
+from lightning_energy.testing.gpu_sim import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
     SMALL_NET,
@@ -32,14 +32,14 @@ from lightning_energy.gpu_sim import (
     StepModel,
     installed_in_zeus,
 )
-from lightning_energy.power_limit import (
+from lightning_energy.optimize.power_limit.search import (
     AdaptiveSearch,
     ExhaustiveSweep,
     LimitProfile,
     Objective,
     limit_grid,
-    read_profile,
 )
+from lightning_energy.optimize.power_limit.profile_file import read_profile
 from power_limit_helpers import RecordingLogger, SimModule, ValidatingSimModule, install_fake_time, loader
 
 HERE = Path(__file__).resolve().parent

@@ -12,17 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_energy.gpu_sim import SimulatedGPU, StepModel
-from lightning_energy.power_limit import (
+from lightning_energy.testing.gpu_sim import SimulatedGPU, StepModel
+from lightning_energy.optimize.power_limit.search import (
     AdaptiveSearch,
     ExhaustiveSweep,
     LimitProfile,
     Objective,
-    fit_summary,
     limit_grid,
-    profile_document,
-    profile_figure,
 )
+from lightning_energy.optimize.power_limit.profile_file import fit_summary, profile_document, profile_figure
 
 HERE = Path(__file__).resolve().parent
 GRID = limit_grid(150, 300, 25)

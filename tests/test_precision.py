@@ -22,8 +22,9 @@ from torch import nn
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import get_sampler
 from lightning_energy.callbacks.precision import PrecisionSwitch, pick_mode, settle_mode
-from lightning_energy.precision import MODE_LEGEND, MODE_NAMES, MODES, SwitchablePrecision, unavailable_reason
-from lightning_energy.precision_probe import _silenced_logging, reference_loss
+from lightning_energy.integration.precision_plugin import SwitchablePrecision
+from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODE_NAMES, MODES, unavailable_reason
+from lightning_energy.optimize.precision.probe import _silenced_logging, reference_loss
 from power_limit_helpers import install_fake_time
 from precision_helpers import (
     SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, ModePowerSensor, SimulatedModeCosts,
@@ -844,7 +845,7 @@ def test_every_mode_is_profiled_under_the_same_synchronisation(tmp_path, clock, 
     """The reduced modes' per-step gradient check (a pass over the gradients and a host-device sync) costs
     SYNC_S here; while profiling 32-true pays it too (and never skips), so modes whose arithmetic costs the
     same profile the same. Once profiling is over 32-true steps as Lightning's own plugin again."""
-    import lightning_energy.precision as precision_module
+    import lightning_energy.integration.precision_plugin as precision_module
 
     sync_s = 0.004
     costs = SimulatedModeCosts(clock, {"32-true": 100.0, "bf16-mixed": 100.0})  # no noise: equal arithmetic

@@ -16,11 +16,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.profiler import EnergyProfiler
-from lightning_energy.op_energy import (
+from lightning_energy.outputs.op_energy import (
     IDLE_ROW, SYNC_MARKER, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us, counter_events,
     read_chrome_trace, self_segments, write_chrome_trace,
 )
-from lightning_energy.sampler import Reading
+from lightning_energy.measure.sampler import Reading
 
 DEVICE_W, HOST_W = 90.0, 30.0
 
@@ -153,7 +153,7 @@ def test_training_ending_inside_the_active_steps_keeps_the_partial_window(tmp_pa
 
 
 def test_a_failing_step_inside_the_window_stops_the_profiler_cleanly(tmp_path):
-    from lightning_energy.sampler import get_sampler
+    from lightning_energy.measure.sampler import get_sampler
 
     callback = EnergyProfiler(wait=0, warmup=1, active=5, sensors=sensors())
     trainer = L.Trainer(callbacks=[callback], logger=TensorBoardLogger(str(tmp_path), name="tb"),

@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from conftest import trainer_kwargs
 from lightning_energy import EnergyCallback
 from lightning_energy.callbacks.profiler import EnergyProfiler
-from lightning_energy.op_energy import DEVICE, DEVICE_IDLE_ROW, HOST, device_of
+from lightning_energy.outputs.op_energy import DEVICE, DEVICE_IDLE_ROW, HOST, device_of
 from test_gpu import MatmulModel, loader  # large products: each step keeps the GPU busy for milliseconds
 
 pytestmark = [
@@ -68,7 +68,7 @@ def test_gpu_trace_has_power_tracks_beside_the_kernels_and_device_energy_on_them
 
 
 def test_measured_gpu_peak_is_a_large_product_timed_with_events():
-    from lightning_energy.peaks import GPU_BENCH_MIN_SIZE, gpu_peak, measured_peak
+    from lightning_energy.predict.peaks import GPU_BENCH_MIN_SIZE, gpu_peak, measured_peak
 
     device = torch.device("cuda", torch.cuda.current_device())
     rate = measured_peak("fp32", device)

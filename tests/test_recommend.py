@@ -11,15 +11,15 @@ import yaml
 
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.catalog import CatalogCallback
-from lightning_energy.callbacks.eta import EnergyToAccuracy
+from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
 from lightning_energy.catalog import Catalog
-from lightning_energy.cli import main
-from lightning_energy.commands.recommend import format_effects, format_table
-from lightning_energy.gpu_sim import SimulatedGPU, SimulatedWorkload
-from lightning_energy.recommend import (
+from lightning_energy.cli.main import main
+from lightning_energy.cli.commands.recommend import format_effects, format_table
+from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.optimize.recommend import (
     RunOutcome, Search, SearchError, Target, find_levers, parse_target, select_levers,
 )
-from lightning_energy.recommend_config import (
+from lightning_energy.optimize.recommend_config import (
     load_configs, merge, outcome_of, recommended_yaml, run_config, sensor_failures, with_levers,
 )
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
@@ -186,7 +186,7 @@ def test_recommended_yaml_is_a_config_lightning_cli_runs(tmp_path, monkeypatch):
 
     base = {"seed_everything": 0, "trainer": {"max_epochs": 3, "accelerator": "cpu", "logger": False,
                                               "enable_checkpointing": False, "enable_progress_bar": False},
-            "model": {"class_path": "lightning_energy.examples.TinyAutoencoder",
+            "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder",
                       "init_args": {"n_train": 64, "n_val": 32, "batch_size": 32, "lr": 0.001}}}
     levers = {lv.name: lv for lv in find_levers(base)[0]}
     assert levers["batch_size"].path == "model.init_args.batch_size"
@@ -362,7 +362,7 @@ def test_config_runner_applies_the_power_limit_and_reads_the_catalog_record(tmp_
     import subprocess
     from pathlib import Path
 
-    from lightning_energy.recommend_config import ConfigRunner
+    from lightning_energy.optimize.recommend_config import ConfigRunner
 
     events = []
 
@@ -426,8 +426,8 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path, capsys, content, message)
 def test_compile_model_compiles_the_layers_with_parameters_once():
     from torch import nn
 
-    from lightning_energy.callbacks.compile import CompileModel
-    from lightning_energy.examples import TinyAutoencoder
+    from lightning_energy.callbacks.compile_model import CompileModel
+    from lightning_energy.testing.example_model import TinyAutoencoder
 
     module = TinyAutoencoder()
     module.criterion = nn.MSELoss()  # no parameters: left alone

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_energy.analysis.compare import compare_runs
 from lightning_energy.analysis.runs import RunError, attribute, load_run, read_yaml_mapping
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 from workbench_helpers import write_run
 
 LIGHTNING_HPARAMS = """_instantiator: lightning.pytorch.cli.instantiate_module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -10,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from lightning_energy import Sensor, SimulatedSensor
-from lightning_energy.sensors import estimate, rapl
-from lightning_energy.sensors.base import validate_sensors
-from lightning_energy.sensors.detect import default_sensors, zeus_sensors
-from lightning_energy.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
-from lightning_energy.sensors.zeus import ZeusBackend
+from lightning_energy.measure.sensors import cpu_model as estimate
+from lightning_energy.measure.sensors import rapl
+from lightning_energy.measure.sensors.base import validate_sensors
+from lightning_energy.measure.sensors.detect import default_sensors, zeus_sensors
+from lightning_energy.measure.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
+from lightning_energy.measure.sensors.zeus import ZeusBackend
 
 
 # ------------------------------------------------------------------ base class
@@ -187,8 +189,57 @@ def test_process_mode_charges_this_process_tree_not_the_machine():
     assert sensor.power_w() == pytest.approx(8.0 * 0.4)
 
 
+def test_process_mode_lists_child_processes_at_most_every_rescan_period(monkeypatch):
+    """Listing children scans every pid in /proc (~9 ms here) and held the sampling thread, and the GIL,
+    at every read; it is refreshed every CHILDREN_RESCAN_S, and a child started meanwhile is counted
+    from the first read after that."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    scans = []
+    original = psutil.Process.children
+
+    def counting_children(self, *args, **kwargs):
+        scans.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(psutil.Process, "children", counting_children)
+    seconds = {"now": 0.0}
+    tree = estimate.ProcessTree(rescan_s=5.0, clock=lambda: seconds["now"])
+    reads = [tree()]
+    seconds["now"] += 0.125
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for _ in range(79):  # 10 s of reads at 8 Hz (steps exact in binary)
+            reads.append(tree())
+            seconds["now"] += 0.125
+        assert len(scans) == 2  # at 0 s and at 5 s, not 80
+        assert os.getpid() in reads[0] and all(os.getpid() in r for r in reads)
+        first_with_child = next(i for i, r in enumerate(reads) if child.pid in r)
+        assert first_with_child == 40  # the child started after the first scan is seen by the next one
+    finally:
+        child.kill()
+        child.wait()
+    seconds["now"] += 5.0
+    assert child.pid not in tree()  # an exited child drops out at the next scan
+
+
+def test_the_process_mode_sensor_does_not_scan_every_pid_at_each_read(monkeypatch):
+    import psutil
+
+    scans = []
+    original = psutil.Process.children
+    monkeypatch.setattr(psutil.Process, "children", lambda self, *a, **k: scans.append(1) or original(self, *a, **k))
+    load = estimate.ProcessLoad(threads=2)
+    for _ in range(20):  # 20 reads within well under CHILDREN_RESCAN_S (5 s): one scan, two if a stall passes 5 s
+        load.fraction()
+    assert len(scans) <= 2  # the old sensor scanned /proc at every read: 21
+
+
 def test_the_report_says_which_tdp_and_mode_the_estimate_used():
-    from lightning_energy.report import build_report, format_report
+    from lightning_energy.outputs.report import build_report, format_report
 
     sensor = estimate.CpuEstimateSensor(cpu_model="AMD EPYC", threads=2, load=lambda: 0.5)
     summary = {"duration_s": 10.0, "train_J": 30.0, "validation_J": 0.0,
@@ -214,7 +265,7 @@ def test_system_load_from_proc_stat(tmp_path, monkeypatch):
 
 
 def test_cpu_estimate_is_read_at_most_every_100_ms(manual_sampler, clock):
-    from lightning_energy.meter import Meter
+    from lightning_energy.measure.meter import Meter
 
     reads = []
 
@@ -352,7 +403,7 @@ def test_zeus_backend_reads_through_the_monitor_device_layer():
 
 
 def test_zeus_backend_without_devices_fails_with_a_clear_message(monkeypatch):
-    from lightning_energy.sensors.zeus import _import_zeus_monitor
+    from lightning_energy.measure.sensors.zeus import _import_zeus_monitor
 
     _import_zeus_monitor()  # imports zeus quietly (amdsmi prints without ROCm)
     from zeus.device.cpu.common import ZeusCPUInitError
@@ -391,6 +442,6 @@ def test_zeus_epoch_figure_leaves_validation_out():
 
 
 def test_import_prints_nothing():
-    code = "import lightning_energy, lightning_energy.sensors.zeus, lightning_energy.sensors.detect"
+    code = "import lightning_energy, lightning_energy.measure.sensors.zeus, lightning_energy.measure.sensors.detect"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == ""

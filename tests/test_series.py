@@ -15,9 +15,9 @@ import statistics
 
 import pytest
 
-from lightning_energy import series as series_module
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.series import SensorSeries
+from lightning_energy.measure import series as series_module
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.series import SensorSeries
 
 T0 = 1000.0  # where the sampler's clock happens to be
 PERIOD = 0.1
@@ -627,8 +627,8 @@ def test_steps_plus_gaps_equal_the_epoch_through_the_sampler(manual_sampler, clo
     """The sampler passes its meters' pending marks: a power that changes at the step boundaries, between
     samples, gives exact step energies (power sensor, and a counter exact at its reads whose neighbouring
     read intervals hold no boundary), and steps + gaps add up to the epoch."""
-    from lightning_energy.meter import Meter, measure
-    from lightning_energy.sensors.simulated import SimulatedSensor
+    from lightning_energy.measure.meter import Meter, measure
+    from lightning_energy.testing.simulated_sensor import SimulatedSensor
 
     # relative to the sensors' origin (the clock at acquire): gaps of 163-177 ms at 40 W, steps at 200 / 90 W
     boundaries, trace, t = [], [(0.0, 40.0)], 0.117
@@ -671,8 +671,8 @@ def test_steps_plus_gaps_equal_the_epoch_through_the_sampler(manual_sampler, clo
 
 @pytest.mark.parametrize("after_w", [50.0, 0.0])  # 0 W: the counter stops, the period after comes stale
 def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(manual_sampler, clock, after_w):
-    from lightning_energy.meter import Meter
-    from lightning_energy.sensors.simulated import SimulatedSensor
+    from lightning_energy.measure.meter import Meter
+    from lightning_energy.testing.simulated_sensor import SimulatedSensor
 
     change = 5.0137  # s after the sensor's origin; its counter updates every 0.1 s from the origin
     sensor = SimulatedSensor("gpu", [(0.0, 150.0), (change, after_w)], kind="energy", counter_update_period_s=PERIOD,
@@ -698,7 +698,7 @@ def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(man
     assert series.phase.pinned and mark.resolved and not mark.extrapolated
     # one counter period later than at the first update after the mark, within the sampler's wait
     assert PERIOD < waited <= manual_sampler.resolution_timeout_s()
-    from lightning_energy.meter import measure
+    from lightning_energy.measure.meter import measure
 
     window = measure(before, mark)
     error = abs(window.energy_J["gpu"] - (sensor.energy_at(change) - sensor.energy_at(before.t - origin)))

@@ -12,8 +12,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
-from lightning_energy import tensorboard as tb
-from lightning_energy.tensorboard import custom_scalars_layout, energy_how, hparam_values
+from lightning_energy.outputs import tensorboard as tb
+from lightning_energy.outputs.tensorboard import custom_scalars_layout, energy_how, hparam_values
 
 DEVICE_W, HOST_W = 120.0, 30.0
 

@@ -179,8 +179,16 @@ class ProbingCallback(L.Callback):
     """Not a suite callback: plain extra work inside a step is part of the step (as Lightning times it)."""
 
 
-def test_work_a_suite_callback_adds_inside_a_step_is_a_sub_window_reported_apart(tmp_path):
+def test_work_a_suite_callback_adds_inside_a_step_is_a_sub_window_reported_apart(tmp_path, monkeypatch):
+    """On fake time (steps of exactly 10 ms, a probe of exactly 20 ms inside each step's window): the step
+    figures hold the step alone and the probe is reported apart, in either callback order. (In real time
+    a loaded machine stretched the bare step past the probe's length: a bound on wall time tested nothing.)"""
+    from conftest import FakeTimeSteps
     from lightning_energy.integration.base import MeteredCallback
+    from power_limit_helpers import install_fake_time
+
+    clock = install_fake_time(monkeypatch.setattr)
+    step_s, probe_s = 0.01, 0.02
 
     class Probe(MeteredCallback):
         def setup(self, trainer, pl_module, stage):
@@ -188,20 +196,24 @@ def test_work_a_suite_callback_adds_inside_a_step_is_a_sub_window_reported_apart
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             with self.timeline.extra("probe"):
-                time.sleep(0.02)
+                clock.advance(probe_s)
 
     for order in ("energy_first", "probe_first"):
         logger = RecordingLogger(tmp_path / order)
-        energy = EnergyCallback(sensors=sensors(), verbose=False)
+        energy = EnergyCallback(sensors=[SimulatedSensor("device", DEVICE_W, kind="energy", clock=clock),
+                                         SimulatedSensor("host", HOST_W, scope="host", kind="energy", clock=clock)],
+                                verbose=False)
         callbacks = [energy, Probe()] if order == "energy_first" else [Probe(), energy]
-        fit(tmp_path / order, callbacks, logger, max_epochs=1, log_every_n_steps=1)
-        step_s, extra_s = logger.values("time/step_s"), logger.values("time/extra/probe_s")
-        assert len(step_s) == len(extra_s) == 10
-        assert all(s >= 0.02 for s in extra_s)
-        assert max(step_s) < 0.02  # the probe is never inside the step's figure, in either order
-        assert logger.values("energy/extra/probe_J") == pytest.approx([POWER_W * s for s in extra_s], rel=1e-9)
-        assert energy.report["epochs"][0]["extras_J"]["probe"] == pytest.approx(
-            sum(logger.values("energy/extra/probe_J")), rel=1e-9)
+        trainer = L.Trainer(callbacks=callbacks, logger=logger,
+                            **trainer_kwargs(tmp_path / order, max_epochs=1, log_every_n_steps=1))
+        trainer.fit(FakeTimeSteps(clock, step_s), tiny_loader(), tiny_loader(n=48))
+        step_s_logged, extra_s = logger.values("time/step_s"), logger.values("time/extra/probe_s")
+        assert len(step_s_logged) == len(extra_s) == 10
+        assert extra_s == pytest.approx([probe_s] * 10, rel=1e-9)
+        assert step_s_logged == pytest.approx([step_s] * 10, rel=1e-9)  # the probe is never inside the step
+        assert logger.values("energy/step_J") == pytest.approx([POWER_W * step_s] * 10, rel=1e-9)
+        assert logger.values("energy/extra/probe_J") == pytest.approx([POWER_W * probe_s] * 10, rel=1e-9)
+        assert energy.report["epochs"][0]["extras_J"]["probe"] == pytest.approx(POWER_W * probe_s * 10, rel=1e-9)
 
 
 # ---------------------------------------------------------------------- loops and flags
@@ -304,7 +316,7 @@ def test_epoch_figures_do_not_wait_for_samples(tmp_path):
     logger = RecordingLogger(tmp_path)
     callback = EnergyCallback(sensors=sensors(), verbose=False, interval_s=0.2)  # samples far apart
     waits, training = [], threading.Event()
-    from lightning_energy.meter import Meter
+    from lightning_energy.measure.meter import Meter
 
     original = Meter.wait
 
@@ -376,7 +388,7 @@ def test_epochs_too_short_for_a_picture_get_no_power_figure_and_the_report_says_
 def test_the_fit_starts_after_a_first_sample_even_when_the_sampling_thread_starts_late(tmp_path, monkeypatch):
     """On a loaded machine the new sampling thread may wait for a core; the start mark must still fall after
     a first sample, so no part of the fit is extrapolated beyond one sampling interval (the trace's rule)."""
-    from lightning_energy import sampler as sampler_module
+    from lightning_energy.measure import sampler as sampler_module
     from lightning_energy.analysis.runs import load_run
 
     run_thread = sampler_module.Sampler._run
@@ -427,3 +439,33 @@ def test_an_epoch_resolved_while_steps_are_drained_is_delivered_before_the_next_
     totals = logger.values("energy/total_J")
     assert totals == sorted(totals)
     assert logger.steps("energy/epoch_J") == [10, 20, 30]
+
+
+class GateComparison(L.Callback):
+    """Compares the timeline's step gate with Lightning's own ``should_update_logs`` at every batch end;
+    ``stop_at`` sets ``trainer.should_stop`` at that batch (Lightning then logs the step it stops at)."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.pairs: list[tuple[bool, bool]] = []
+        self.stop_at = stop_at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        from lightning_energy.integration.timeline import should_log_step
+
+        if self.stop_at is not None and trainer.global_step == self.stop_at:
+            trainer.should_stop = True
+        self.pairs.append((should_log_step(trainer), bool(trainer._logger_connector.should_update_logs)))
+
+
+@pytest.mark.parametrize("overrides", [dict(log_every_n_steps=1), dict(log_every_n_steps=3),
+                                       dict(log_every_n_steps=0), dict(log_every_n_steps=2, accumulate_grad_batches=2),
+                                       dict(log_every_n_steps=4, val_check_interval=5)])
+@pytest.mark.parametrize("stop_at", [None, 7])
+def test_the_step_gate_is_lightnings_should_update_logs_at_every_step(tmp_path, overrides, stop_at):
+    gate = GateComparison(stop_at)
+    fit(tmp_path, [gate], max_epochs=3, **overrides)
+    assert len(gate.pairs) >= 7
+    assert all(ours == lightnings for ours, lightnings in gate.pairs), gate.pairs
+    if stop_at is not None and overrides["log_every_n_steps"] > 0:
+        assert gate.pairs[-1] == (True, True)  # the step it stops at is logged
+    assert any(lightnings for _, lightnings in gate.pairs) == (overrides["log_every_n_steps"] > 0)

@@ -14,8 +14,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("aiosqlite")
 httpx = pytest.importorskip("httpx")
 
-from lightning_energy import bso_server  # noqa: E402
-from lightning_energy.bso_server import MAX_BATCH_SIZES, MAX_BODY_BYTES, RequestLimits, check_request  # noqa: E402
+from lightning_energy.optimize import bso_server  # noqa: E402
+from lightning_energy.optimize.bso_server import MAX_BATCH_SIZES, MAX_BODY_BYTES, RequestLimits, check_request  # noqa: E402
 
 JOB = {"job_id": "trust-1", "job_id_prefix": "trust", "batch_sizes": [32, 64, 128], "default_batch_size": 64,
        "max_power": 300.0, "number_of_gpus": 1, "gpu_model": "V100", "max_epochs": 5, "target_metric": 0.5}

@@ -18,7 +18,7 @@ from trust_helpers import read_only_dir  # noqa: F401 (fixture)
 from workbench_helpers import write_run
 
 from lightning_energy.catalog import Catalog
-from lightning_energy.cli import main
+from lightning_energy.cli.main import main
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:

@@ -38,8 +38,8 @@ import numpy as np
 
 from lightning_energy.catalog import RUN_ATTRIBUTES_FILE
 from lightning_energy.provenance import UNKNOWN, of_report
-from lightning_energy.report import REPORT_FILE
-from lightning_energy.trace import EVENTS_FILE, TRACE_FILE
+from lightning_energy.outputs.report import REPORT_FILE
+from lightning_energy.outputs.trace import EVENTS_FILE, TRACE_FILE
 
 HPARAMS_FILE = "hparams.yaml"
 CLI_CONFIG_FILE = "config.yaml"  # LightningCLI's SaveConfigCallback: the whole parsed config, in the log dir

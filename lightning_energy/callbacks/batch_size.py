@@ -36,12 +36,14 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
+from typing_extensions import override
 
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.optimize.batch_size import batch_length
+from lightning_energy.measure.meter import Mark, measure
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 METHODS = ("to_target", "per_sample")
 COSTS = ("energy", "time", "zeus_cost")
@@ -57,8 +59,6 @@ class _TrialProbe(Callback):
     """
 
     def __init__(self, timeline, warmup: int, steps: int) -> None:
-        from lightning_energy.gpu_sim import batch_length  # imports zeus (for its GPU class): only when searching
-
         self._batch_length = batch_length
         self.timeline, self.warmup, self.steps = timeline, warmup, steps
         self.seen = 0
@@ -66,10 +66,12 @@ class _TrialProbe(Callback):
         self.start: Mark | None = None
         self.end: Mark | None = None
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.seen == self.warmup:
             self.start = self.timeline.mark()
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.start is not None and self.end is None:
             self.samples += self._batch_length(batch) or 0
@@ -87,8 +89,6 @@ class _TargetProbe(Callback):
     """
 
     def __init__(self, search: "BatchSizeSearch", limit: float) -> None:
-        from lightning_energy.gpu_sim import batch_length
-
         self._batch_length = batch_length
         self.search, self.limit = search, limit
         self.start: Mark | None = None
@@ -98,13 +98,16 @@ class _TargetProbe(Callback):
         self.reached = False
         self.pruned_at: tuple[float, float, float] | None = None  # (J, s, cost) when pruned
 
+    @override
     def on_train_start(self, trainer, pl_module) -> None:
         self.start = self.search.timeline.mark()
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.steps += 1
         self.samples += self._batch_length(batch) or 0
 
+    @override
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or self.start is None:
             return
@@ -235,6 +238,7 @@ class BatchSizeSearch(MeteredCallback):
         return value <= self.target if self.mode == "min" else value >= self.target
 
     # ---------------------------------------------------------------- set-up
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -279,6 +283,7 @@ class BatchSizeSearch(MeteredCallback):
         return gpu.get_power_management_limit_constraints()[1] / 1000.0
 
     # ---------------------------------------------------------------- the search
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.fast_dev_run:
             return

@@ -11,16 +11,18 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import (
-    JOULES_PER_KWH, CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
+    CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures
-from lightning_energy.meter import measure
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.meter import measure
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_KWH
 
 CARBON_REPORT_FILE = "carbon_report.json"
 
@@ -108,13 +110,14 @@ class CarbonCallback(MeteredCallback):
     @property
     def g_per_J(self) -> float:
         """Grams of CO2e per joule of measured energy (intensity and PUE applied)."""
-        return self.intensity.g_per_kWh * self.pue / JOULES_PER_KWH
+        return self.intensity.g_per_kWh * self.pue / J_PER_KWH
 
     def co2e_g(self, energy_J: float) -> float:
         """Grams of CO2e for ``energy_J`` joules with this callback's intensity and PUE."""
         return co2e_g(energy_J, self.intensity.g_per_kWh, self.pue)
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None:
             return
@@ -129,10 +132,12 @@ class CarbonCallback(MeteredCallback):
             rank_zero_warn(f"lightning-energy: CO2e uses the {self.intensity.label}; give `country_iso_code`, "
                            "`intensity_g_per_kWh` or `energy_mix` for your grid")
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._trainer = None
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_tracker()
         self._trainer = None
@@ -157,12 +162,14 @@ class CarbonCallback(MeteredCallback):
                    if end_energy.get(n) is not None and start_energy.get(n) is not None)
 
     # ---------------------------------------------------------------- fit
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # collective, like on_fit_start on every rank: host sensors live on local rank 0, devices per rank
         self._all_names = sorted({n for rank in distributed.gather(trainer, self._names) for n in rank})
         if self.codecarbon_crosscheck and trainer.is_global_zero:
             self._tracker = _start_codecarbon(self.country_iso_code, self.region, self.pue, self._log_dir)
 
+    @override
     def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
         # all ranks' figures of one epoch; under DDP delivered at the epoch's end on every rank at once
         row = self._epoch_row(trainer, figures)
@@ -191,6 +198,7 @@ class CarbonCallback(MeteredCallback):
             bar = trainer.progress_bar_metrics
         bar["gCO2e"] = grams
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has delivered every epoch, and resolved its fit end, before this runs
         timeline = self.timeline
@@ -206,7 +214,7 @@ class CarbonCallback(MeteredCallback):
             "pue": self.pue,
             "estimated": self._estimated,
             "total_J": total_J,
-            "total_kWh": total_J / JOULES_PER_KWH,
+            "total_kWh": total_J / J_PER_KWH,
             "total_gCO2e": self.co2e_g(total_J),
             "duration_s": fit.duration_s,
             "epochs": self._epochs,
@@ -230,6 +238,7 @@ class CarbonCallback(MeteredCallback):
         return _stop_codecarbon(tracker)
 
     # ---------------------------------------------------------------- resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The total since the first fit (all ranks, J) up to now and the epochs so far, for resume.
 
@@ -248,6 +257,7 @@ class CarbonCallback(MeteredCallback):
         fit_J = sum(distributed.gather(trainer, so_far["fit_J"]))
         return {"total_J": self._resumed.get("total_J", 0.0) + fit_J, "epochs": list(self._epochs) + pending}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = dict(state_dict)
         self._epochs = list(self._resumed.get("epochs", []))
@@ -291,12 +301,12 @@ def _stop_codecarbon(tracker) -> dict:
     except Exception as err:  # the cross-check must never break the fit
         return {"error": f"{type(err).__name__}: {err}"}
     return {
-        "energy_J": data.energy_consumed * JOULES_PER_KWH,
+        "energy_J": data.energy_consumed * J_PER_KWH,
         "gCO2e": data.emissions * 1000.0,
-        "cpu_J": data.cpu_energy * JOULES_PER_KWH,
-        "gpu_J": data.gpu_energy * JOULES_PER_KWH,
+        "cpu_J": data.cpu_energy * J_PER_KWH,
+        "gpu_J": data.gpu_energy * J_PER_KWH,
         "energy_includes_pue": True,  # CodeCarbon multiplies its energy by the PUE; ours is the bare energy
-        "ram_J": data.ram_energy * JOULES_PER_KWH,
+        "ram_J": data.ram_energy * J_PER_KWH,
         "duration_s": data.duration,
         # CodeCarbon multiplies its energy by the PUE, so its emissions per kWh are the bare grid intensity
         "intensity_g_per_kWh": data.emissions * 1000.0 / data.energy_consumed if data.energy_consumed else None,

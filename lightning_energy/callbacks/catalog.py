@@ -11,20 +11,22 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from lightning_energy import distributed
-from lightning_energy.carbon import JOULES_PER_KWH, world_average
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.carbon import world_average
 from lightning_energy.catalog import (
     CATALOG_FILE, RUN_ATTRIBUTES_FILE, Catalog, CatalogError, CatalogUnavailableError,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import try_atomic_write_json
-from lightning_energy.meter import measure
+from lightning_energy.measure.meter import measure
 from lightning_energy.provenance import combine, of_entry
-from lightning_energy.report import version
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.sensors.estimate import cpu_model_name
+from lightning_energy.outputs.report import version
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.sensors.cpu_model import cpu_model_name
+from lightning_energy.units import J_PER_KWH
 
 CHECKPOINT_KEY = "energy_metadata"
 CATALOG_TIMEOUT_S = 10.0  # how long the end-of-fit write waits for another writer of the catalog
@@ -95,6 +97,7 @@ class CatalogCallback(MeteredCallback):
         self._running: tuple[Trainer, LightningModule] | None = None
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None or stage != TrainerFn.FITTING:
             return
@@ -114,19 +117,23 @@ class CatalogCallback(MeteredCallback):
         self._snapshot_cache = None
         self.record, self.record_id, self.problems = None, None, []
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._running = None
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_flop_counter()
         self._running = None
         super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- fit
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._running = (trainer, pl_module)
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         wanted = self.count_flops and self.flops_per_step is None and self._counted_flops is None
         if wanted and self._flop_counter is None:
@@ -135,6 +142,7 @@ class CatalogCallback(MeteredCallback):
             self._flop_counter = FlopCounterMode(display=False)
             self._flop_counter.__enter__()
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         if self._flop_counter is not None:
@@ -151,11 +159,13 @@ class CatalogCallback(MeteredCallback):
             rank_zero_warn(f"lightning-energy: could not count FLOPs per step ({type(err).__name__}: {err})")
             return math.nan
 
+    @override
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if self._running is None or self.timeline is None or self.timeline.fit_start is None:
             return
         checkpoint[CHECKPOINT_KEY] = self._snapshot(trainer, pl_module)
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has resolved the fit's end mark before this runs
         record = self._snapshot(trainer, pl_module, cache=False, final=True)
@@ -225,11 +235,11 @@ class CatalogCallback(MeteredCallback):
             "epochs": trainer.current_epoch,
             "duration_s": duration_s,
             "energy_J": energy_J,
-            "energy_kWh": energy_J / JOULES_PER_KWH,
+            "energy_kWh": energy_J / J_PER_KWH,
             "estimated": any(s["estimated"] for s in sensors),
             "provenance": combine(of_entry(s) for s in sensors),
             "sensors": sensors,
-            "gCO2e": energy_J / JOULES_PER_KWH * intensity.g_per_kWh * pue,
+            "gCO2e": energy_J / J_PER_KWH * intensity.g_per_kWh * pue,
             "intensity_g_per_kWh": intensity.g_per_kWh,
             "intensity_label": intensity.label,
             "pue": pue,
@@ -241,6 +251,7 @@ class CatalogCallback(MeteredCallback):
         return record
 
     # ---------------------------------------------------------------- resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self._running is not None and self.timeline is not None and self.timeline.fit_start is not None:
             record = self._snapshot(*self._running)  # cached for on_save_checkpoint at the same step
@@ -250,6 +261,7 @@ class CatalogCallback(MeteredCallback):
             return dict(self._resumed)
         return {"sensors": record["sensors"], "duration_s": record["duration_s"]}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = dict(state_dict)
 
@@ -276,7 +288,7 @@ def _intensity(trainer: Trainer):
 def _to_target(trainer: Trainer) -> dict[str, float]:
     """The figures of an ``EnergyToAccuracy`` in the Trainer: to its target (J, s, validation runs) when
     reached; ``target_budget_exceeded`` 1 (and the energy and time spent) when its budget ended the run."""
-    from lightning_energy.callbacks.eta import EnergyToAccuracy
+    from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
 
     eta = next((c for c in trainer.callbacks if isinstance(c, EnergyToAccuracy)), None)
     if eta is None:

@@ -11,17 +11,18 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
-from lightning_energy.meter import Mark
-from lightning_energy.report import REPORT_FILE, build_report, format_report
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.tensorboard import EpochPowerRecorder, TensorBoardExtras
-from lightning_energy.trace import TraceWriter
+from lightning_energy.measure.meter import Mark
+from lightning_energy.outputs.report import REPORT_FILE, build_report, format_report
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
+from lightning_energy.outputs.trace import TraceWriter
 
 LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "val": ("energy/val_epoch_J", "time/val_epoch_s", "power/val_epoch_W"),
@@ -164,6 +165,7 @@ class EnergyCallback(MeteredCallback):
         self._samples_at_setup = 0
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None:  # already set up (e.g. validate inside a running session)
             return
@@ -171,7 +173,7 @@ class EnergyCallback(MeteredCallback):
         # setup through load_state_dict and replaces this
         self._resumed = dict(self._final_state) if self._final_state is not None and stage == "fit" else {}
         self._reset_run_state()
-        from lightning_energy.sampler import get_sampler
+        from lightning_energy.measure.sampler import get_sampler
 
         self._failures_seen = len(get_sampler().failures)  # earlier runs' failures are not ours
         attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s, self.cuda_events)
@@ -204,10 +206,12 @@ class EnergyCallback(MeteredCallback):
                            "logged; the end-of-fit report (`callback.report`, energy_report.json) and the trace are "
                            "still written.")
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._release()
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._event("exception")
         self._release()
@@ -233,34 +237,42 @@ class EnergyCallback(MeteredCallback):
             self._trace.event(name, self._sampler.clock() if t is None else t, epoch, step, mark)
 
     # ---------------------------------------------------------------- what the timeline delivers
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         start = self.timeline.fit_start
         self._event("fit_start", start.t if start is not None else None, mark=start)
 
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._event("train_start")
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._event("train_end")
 
+    @override
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._zeus is not None:  # Zeus's windows open and close next to our marks: the same interval
             self._zeus.begin_epoch()
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._zeus is not None:
             self._zeus.pause_epoch()
             self._zeus_epochs[trainer.current_epoch] = sum(distributed.gather(trainer, self._zeus.end_epoch()))
         self._warn_failures()
 
+    @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._zeus is not None and not trainer.sanity_checking:
             self._zeus.pause_epoch()  # Zeus's epoch figure leaves validation out, like ours
 
+    @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._zeus is not None and not trainer.sanity_checking:
             self._zeus.resume_epoch()
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         # On the training thread, a few steps after the step: arithmetic and, at logging steps, the loggers.
         if not figures.log:
@@ -289,6 +301,7 @@ class EnergyCallback(MeteredCallback):
         if len(self._sampler.failures) > self._failures_seen:
             self._warn_failures()
 
+    @override
     def on_loop_measured(self, trainer: Trainer, figures: LoopFigures) -> None:
         self.loops.append(figures)
         energy_name, time_name, power_name = LOOP_METRICS[figures.kind]
@@ -302,6 +315,7 @@ class EnergyCallback(MeteredCallback):
             self._event("validation_start", figures.start_s, epoch=figures.epoch)
             self._event("validation_end", figures.end_s, epoch=figures.epoch)
 
+    @override
     def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
         epoch = figures.epoch
         self._session_train_J += figures.total_J
@@ -384,6 +398,7 @@ class EnergyCallback(MeteredCallback):
                 )
         self._failures_seen = len(failures)
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has delivered every step, loop and epoch before this runs
         timeline = self.timeline
@@ -436,7 +451,7 @@ class EnergyCallback(MeteredCallback):
             rank_zero_info(f"lightning-energy: report written to {self.report_path}")
 
     def _rank_summary(self, trainer: Trainer, start: Mark, end: Mark) -> dict:
-        from lightning_energy.meter import measure
+        from lightning_energy.measure.meter import measure
 
         fit = measure(start, end)
         sensors = []
@@ -471,6 +486,7 @@ class EnergyCallback(MeteredCallback):
     def _resumed_total_J(self) -> float:
         return self._resumed.get("total_J", 0.0)
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """Cumulative figures of all ranks up to now (J, s), for resume.
 
@@ -506,6 +522,7 @@ class EnergyCallback(MeteredCallback):
             state["open_epoch"] = so_far["open_epoch"]
         return state
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = dict(state_dict)
         self._epochs = list(self._resumed.get("epochs", []))

@@ -7,25 +7,26 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
 
-from lightning_energy import distributed
-from lightning_energy.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.peaks import Peak, device_peak, precision_of
-from lightning_energy.precision import SwitchablePrecision
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.predict.peaks import Peak, device_peak, precision_of
+from lightning_energy.integration.precision_plugin import SwitchablePrecision
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import FLOP_PER_GFLOP
 
 TABLE_FILE = "flops_table.csv"
-GFLOP = 1e9
 
 
 class FlopsCallback(MeteredCallback):
     """Count the model's FLOPs once, then report how fast and how efficiently they run.
 
     The table (per layer: parameters, forward MACs and FLOPs, backward FLOPs, MACs in the Baler
-    study's convention; see :mod:`lightning_energy.flops`) is counted with ``FlopCounterMode`` on
+    study's convention; see :mod:`lightning_energy.predict.flops`) is counted with ``FlopCounterMode`` on
     ``example_input`` (or the module's ``example_input_array``) at fit start, else on the first
     training batch inside the real training step (forward until ``on_before_backward``, backward
     after it). That counted step is left out of the rates below (the counter slows it down).
@@ -46,7 +47,7 @@ class FlopsCallback(MeteredCallback):
       (exact for layers that act per sample, as Linear and Conv do);
     - ``flops/rate_GFLOP_per_s``: those FLOPs over the steps' time (slowest rank);
     - ``flops/mfu``: model FLOPs utilisation, the rate over the peak of the device and precision
-      (:mod:`lightning_energy.peaks`: Lightning's ``get_available_flops`` datasheet table for known GPUs,
+      (:mod:`lightning_energy.predict.peaks`: Lightning's ``get_available_flops`` datasheet table for known GPUs,
       with corrections where it is wrong; else a measured matrix product, on a GPU a large one timed with
       CUDA events) x ranks.
       The precision is read at every step (the mode of a ``SwitchablePrecision`` plugin, which
@@ -91,6 +92,7 @@ class FlopsCallback(MeteredCallback):
         self._counting_batch = False
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -129,10 +131,12 @@ class FlopsCallback(MeteredCallback):
                 self.peaks[precision] = device_peak(self._device, precision)
         return self.peaks[precision]
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._stop_counting()
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._stop_counting()
         super().on_exception(trainer, pl_module, exception)
@@ -143,6 +147,7 @@ class FlopsCallback(MeteredCallback):
             self._counting_batch = False
 
     # ---------------------------------------------------------------- counting
+    @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.peak = self._peak(self._precision(trainer))  # every callback's setup has run: a plugin is in place
         example = self.example_input if self.example_input is not None else pl_module.example_input_array
@@ -152,6 +157,7 @@ class FlopsCallback(MeteredCallback):
 
         self._publish(trainer, count_model(pl_module, move_data_to_device(example, pl_module.device)))
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # recorded at the batch's start: the timeline may measure the step as soon as it ends
         number = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step this batch belongs to
@@ -167,10 +173,12 @@ class FlopsCallback(MeteredCallback):
         self._epoch_precisions.add(precision)
         step["samples"][precision] = step["samples"].get(precision, 0) + (batch_size_of(batch) or 0)
 
+    @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:
         if self._counting_batch and not self._recorder.forward_marked:
             self._recorder.forward_done()
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         if self._counting_batch:
@@ -187,8 +195,8 @@ class FlopsCallback(MeteredCallback):
         self.write_output(self._log_dir / TABLE_FILE, table.csv_text())
         params = {
             "flops/params": table.params,
-            "flops/forward_GFLOP_per_batch": table.forward_FLOPs / GFLOP,
-            "flops/train_GFLOP_per_batch": table.train_FLOPs / GFLOP,
+            "flops/forward_GFLOP_per_batch": table.forward_FLOPs / FLOP_PER_GFLOP,
+            "flops/train_GFLOP_per_batch": table.train_FLOPs / FLOP_PER_GFLOP,
             "flops/study_MACs_per_batch": table.study_MACs,
             "flops/batch_size": table.batch_size or 0,
             "flops/peak_TFLOP_per_s": self.peak.flops_per_s / 1e12,
@@ -205,6 +213,7 @@ class FlopsCallback(MeteredCallback):
                 logger.experiment.add_text("flops/table", text, global_step=trainer.global_step)
 
     # ---------------------------------------------------------------- per step and per epoch
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         step = self._steps.pop(figures.step, None)
         if step is None or step["counted"]:
@@ -223,12 +232,14 @@ class FlopsCallback(MeteredCallback):
     def _steps_pending(self, epoch: int) -> bool:
         return any(step["epoch"] == epoch for step in self._steps.values())
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # after the epoch's end mark and outside any step: a peak this epoch needs is measured here (on CPU)
         for precision in sorted(self._epoch_precisions):
             self._peak(precision)
         self._epoch_precisions = set()
 
+    @override
     def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
         if trainer.world_size == 1 and self._steps_pending(figures.epoch):
             # the epoch's end was resolved a moment before its last step reached us: finish with that step
@@ -236,6 +247,7 @@ class FlopsCallback(MeteredCallback):
             return
         self._epoch_row(trainer, figures)
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for epoch in sorted(self._waiting):  # every step is delivered by now; a step never measured is left out
             self._epoch_row(trainer, self._waiting.pop(epoch))
@@ -260,12 +272,12 @@ class FlopsCallback(MeteredCallback):
         ideal_s = sum(f / self._peak(name).flops_per_s for name, f in by_precision.items())  # at every peak
         row = {
             "epoch": figures.epoch,
-            "flops/epoch_GFLOP": flops / GFLOP,
-            "flops/rate_GFLOP_per_s": rate / GFLOP,
+            "flops/epoch_GFLOP": flops / FLOP_PER_GFLOP,
+            "flops/rate_GFLOP_per_s": rate / FLOP_PER_GFLOP,
             "flops/mfu": ideal_s / (seconds * trainer.world_size) if seconds > 0 else 0.0,
-            "energy/J_per_GFLOP": energy / (flops / GFLOP) if flops > 0 else 0.0,
+            "energy/J_per_GFLOP": energy / (flops / FLOP_PER_GFLOP) if flops > 0 else 0.0,
         }
         self.epochs.append({**row, "steps_s": seconds, "steps_J": energy, "GFLOP_by_precision":
-                            {name: f / GFLOP for name, f in by_precision.items()},
+                            {name: f / FLOP_PER_GFLOP for name, f in by_precision.items()},
                             "energy_estimated": self.energy_estimated})
         self.log_metrics(trainer, {name: value for name, value in row.items() if name != "epoch"}, figures.step)

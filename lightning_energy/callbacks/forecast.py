@@ -11,16 +11,18 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from lightning_energy import distributed
-from lightning_energy.carbon import JOULES_PER_KWH, world_average
-from lightning_energy.forecast import (
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.carbon import world_average
+from lightning_energy.predict.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_KWH
 
 FORECAST_REPORT_FILE = "forecast_report.json"
 DEFAULT_WARMUP_FRACTION = 0.1  # of the first epoch's batches, at least one batch
@@ -34,7 +36,7 @@ class ForecastCallback(MeteredCallback):
     training batches); it is updated for every epoch. The planned run is ``max_epochs`` x batches per
     epoch or ``max_steps`` (``limit_train_batches`` honoured); with ``EarlyStopping`` the forecast is the
     worst case, every planned epoch. The first ``warmup_steps`` batches are left out of the rate
-    (see :mod:`lightning_energy.forecast` for the model). CO2e uses the intensity and PUE of a
+    (see :mod:`lightning_energy.predict.forecast` for the model). CO2e uses the intensity and PUE of a
     ``CarbonCallback`` in the same Trainer, else the world average (labelled in the report).
 
     The figures are the Trainer's timeline's (the windows every suite callback reads): an epoch's
@@ -108,6 +110,7 @@ class ForecastCallback(MeteredCallback):
         self._tracker: ForecastTracker | None = None
 
     # ---------------------------------------------------------------- set-up
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None or stage != TrainerFn.FITTING:
             return
@@ -118,7 +121,7 @@ class ForecastCallback(MeteredCallback):
             self._g_per_J, self._intensity, self._pue = carbon.g_per_J, carbon.intensity, carbon.pue
         else:
             self._intensity, self._pue = world_average("no CarbonCallback in the Trainer"), 1.0
-            self._g_per_J = self._intensity.g_per_kWh / JOULES_PER_KWH
+            self._g_per_J = self._intensity.g_per_kWh / J_PER_KWH
         self.forecasts, self.errors, self.report = [], [], None
         self._tracker = None
         self._plan: PlannedRun | None = None
@@ -128,6 +131,7 @@ class ForecastCallback(MeteredCallback):
         self._budget_decision: str | None = None
 
     # ---------------------------------------------------------------- fit
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         try:
             plan = plan_from_trainer(trainer)
@@ -153,10 +157,12 @@ class ForecastCallback(MeteredCallback):
                                         merge=lambda local: _merge_ranks(trainer, local), names=names)
         self.forecasts = self._tracker.forecasts
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         if self._tracker is not None:
             self._tracker.step(figures)
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch,
                            batch_idx: int) -> None:
         tracker = self._tracker
@@ -173,12 +179,14 @@ class ForecastCallback(MeteredCallback):
         self._show(trainer, forecast, step=trainer.global_step)
         self._check_budget(trainer, forecast)
 
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # A budget is acted on at the epoch's end: the epoch's figures are needed now, not a few steps later.
         # (Under DDP the timeline has measured the epoch already; this then waits for nothing.)
         if self._tracker is not None and self._budget_pending():
             self.timeline.flush(trainer)
 
+    @override
     def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
         tracker = self._tracker
         if tracker is None:
@@ -205,6 +213,7 @@ class ForecastCallback(MeteredCallback):
         bar["forecast_kJ"] = forecast.total_J / 1000.0
         bar["forecast_gCO2e"] = forecast.total_gCO2e
 
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # the timeline has delivered every step and epoch before this runs
         tracker = self._tracker

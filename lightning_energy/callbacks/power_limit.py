@@ -24,34 +24,39 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
 
-from lightning_energy import distributed, gpu_control
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.io import atomic_write_json
-from lightning_energy.meter import Mark, measure
-from lightning_energy.power_limit import (
+from lightning_energy.measure.meter import Mark, measure
+from lightning_energy.optimize.power_limit.search import (
     DEFAULT_MAX_REPEATS,
     DEFAULT_NOISE,
     DEFAULT_REPEAT_BUDGET,
     DEFAULT_TOLERANCE,
     MAX_POWER_SCOPES,
-    FIGURE_FILE,
-    PROFILE_FILE,
     SEARCHES,
     SELECTORS,
     LimitProfile,
     Objective,
     limit_grid,
     make_search,
+)
+from lightning_energy.optimize.power_limit.profile_file import (
+    FIGURE_FILE,
+    PROFILE_FILE,
     profile_document,
     profile_figure,
     read_profile,
     write_figure_png,
     write_profile,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import MW_PER_W
 
 
 class PowerLimitConfigError(MisconfigurationException, ValueError):
@@ -59,7 +64,6 @@ class PowerLimitConfigError(MisconfigurationException, ValueError):
 
 
 DRY_RUN_FILE = "power_limit_dry_run.json"
-MILLI = 1000
 PERMISSION_FIXES = (gpu_control.PERMISSION_FIXES[:-1] + "; (3) pass PowerLimitOptimizer(dry_run=True) to see what "
                     "would be profiled without touching the card.")
 
@@ -77,7 +81,7 @@ def rank_gpu(trainer: Trainer):
     if root.type != "cuda":
         raise RuntimeError(
             f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
-            "or pass gpu=lightning_energy.gpu_sim.SimulatedGPU(...) to run against the simulator."
+            "or pass gpu=lightning_energy.testing.gpu_sim.SimulatedGPU(...) to run against the simulator."
         )
     try:
         return gpu_control.open_gpu(root.index)
@@ -85,7 +89,7 @@ def rank_gpu(trainer: Trainer):
         raise RuntimeError(f"PowerLimitOptimizer: {err}") from err
 
 
-# the card-control helpers live in lightning_energy.gpu_control (shared with the sweep)
+# the card-control helpers live in lightning_energy.optimize.power_limit.gpu_control (shared with the sweep)
 default_limit_mW = gpu_control.default_limit_mW
 limit_permission_problem = gpu_control.permission_problem
 
@@ -119,7 +123,7 @@ class PowerLimitOptimizer(MeteredCallback):
     The card is put back as it was before the fit (the limit and the persistence mode in force then, an
     administrator's setting included, not NVML's default) at fit end, on an exception, on Ctrl-C, on
     SIGHUP and at interpreter exit. Before the first change a crash marker is written
-    (``lightning_energy.gpu_control``); after SIGKILL or a power loss ``lightning-energy
+    (``lightning_energy.optimize.power_limit.gpu_control``); after SIGKILL or a power loss ``lightning-energy
     restore-power-limit`` puts the card back. A chosen limit is always one that was profiled.
 
     Logged metrics (rank zero, beside the loss):
@@ -142,13 +146,13 @@ class PowerLimitOptimizer(MeteredCallback):
         search: ``"exhaustive"`` (Zeus: every limit, ``pl_step_W`` apart, Zeus's selector picks) or
             ``"adaptive"`` (fewer limits: branch and bound on monotonic time and power, near-ties settled by
             repeated windows; exhaustive when profiles break monotonicity; see
-            ``lightning_energy.power_limit.AdaptiveSearch``).
+            ``lightning_energy.optimize.power_limit.search.AdaptiveSearch``).
         wait_steps, warmup_steps, profile_steps: steps before anything, per limit before and while measuring.
         pl_step_W: spacing of the candidate limits (W).
         profile_path: a profile file: loaded and used without profiling when it exists, written when not.
         dry_run: never touch the card; profile the current limit only and report the limits that would be
             profiled and the expected profiling steps, time and energy.
-        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.gpu_sim.SimulatedGPU``;
+        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.testing.gpu_sim.SimulatedGPU``;
             default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
@@ -158,7 +162,7 @@ class PowerLimitOptimizer(MeteredCallback):
         max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit and per search.
         max_power_scope: ZeusCost's MaxPower in DDP: ``"job"`` (the highest limit times the world size,
             beside energy summed over every rank: the same pick as one rank alone) or ``"process"`` (Zeus's
-            DDP recipe, one GPU per process: times 1; see ``lightning_energy.power_limit``).
+            DDP recipe, one GPU per process: times 1; see ``lightning_energy.optimize.power_limit.search``).
     """
 
     def __init__(
@@ -237,6 +241,7 @@ class PowerLimitOptimizer(MeteredCallback):
         return self._generate_state_key(selector=self.selector, search=self.search)
 
     # ---------------------------------------------------------------- set-up
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -253,10 +258,10 @@ class PowerLimitOptimizer(MeteredCallback):
             ranges = ", ".join(f"rank {r}: {row['limits_mW']}" for r, row in enumerate(everyone))
             raise ValueError(f"PowerLimitOptimizer needs the same power-limit range on every GPU, got {ranges} (mW)")
         self._gpu = gpu
-        self._min_W, self._max_W = int(low_mW) // MILLI, int(high_mW) // MILLI
+        self._min_W, self._max_W = int(low_mW) // MW_PER_W, int(high_mW) // MW_PER_W
         default = gpu_control.default_limit_mW(gpu)
-        self._default_W = default // MILLI if default is not None else self._max_W
-        self._start_W = int(gpu.get_power_management_limit()) // MILLI
+        self._default_W = default // MW_PER_W if default is not None else self._max_W
+        self._start_W = int(gpu.get_power_management_limit()) // MW_PER_W
         self._gpu_name = str(gpu.get_name())
         self._grid = limit_grid(self._min_W, self._max_W, self.pl_step_W)
         self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size,
@@ -280,10 +285,10 @@ class PowerLimitOptimizer(MeteredCallback):
         self._loaded_profile = False
         if self.profile_path is not None and self.profile_path.exists() and not self.dry_run:
             self._load_profile_file(self.profile_path)
-            self._state = Done(optimal_power_limit=self.chosen_limit_W * MILLI)
+            self._state = Done(optimal_power_limit=self.chosen_limit_W * MW_PER_W)
         else:
             first = self._start_W if self.dry_run else self._strategy.next_limit({})
-            self._state = Ready(next_power_limit=first * MILLI, steps=self.wait_steps + 1)
+            self._state = Ready(next_power_limit=first * MW_PER_W, steps=self.wait_steps + 1)
         if self._resume is not None:
             self._apply_resume(self._resume)
         sensors = self._user_sensors
@@ -326,11 +331,13 @@ class PowerLimitOptimizer(MeteredCallback):
         self._loaded_profile = True
         rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
             self._restore()
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._restore()
         super().on_exception(trainer, pl_module, exception)
@@ -340,7 +347,7 @@ class PowerLimitOptimizer(MeteredCallback):
         if self.dry_run:
             raise AssertionError("a dry run never sets a limit")
         if limit_W != self._current_W:
-            self._gpu.set_power_management_limit(limit_W * MILLI)
+            self._gpu.set_power_management_limit(limit_W * MW_PER_W)
             self._current_W = limit_W
             self._log(trainer, {"power_limit/current_W": float(limit_W)})
 
@@ -354,13 +361,14 @@ class PowerLimitOptimizer(MeteredCallback):
         before = controller.before
         problems = controller.restore()  # the run is ending: tell, do not mask the original error
         if before is not None:
-            self._current_W = before.limit_mW // MILLI
+            self._current_W = before.limit_mW // MW_PER_W
         if problems:
             rank_zero_warn("PowerLimitOptimizer: " + "; ".join(problems) + (
                 f". The crash marker {controller.marker} stays: `lightning-energy restore-power-limit` retries"
                 if controller.marker is not None else ""))
 
     # ---------------------------------------------------------------- training
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
         if not isinstance(self._state, Done):
@@ -385,6 +393,7 @@ class PowerLimitOptimizer(MeteredCallback):
                 "or make epochs longer."
             )
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Zeus's ``on_step_begin``, once per optimizer step (its first micro-batch)."""
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
@@ -399,24 +408,24 @@ class PowerLimitOptimizer(MeteredCallback):
         if state.steps > 0:
             return
         if isinstance(state, Ready):
-            self._begin_limit(trainer, state.next_power_limit // MILLI)
+            self._begin_limit(trainer, state.next_power_limit // MW_PER_W)
         elif isinstance(state, Warmup):
-            self._start_window(state.current_power_limit // MILLI)
+            self._start_window(state.current_power_limit // MW_PER_W)
         else:
-            self._finish_window(trainer, state.current_power_limit // MILLI)
+            self._finish_window(trainer, state.current_power_limit // MW_PER_W)
 
     def _begin_limit(self, trainer: Trainer, limit_W: int) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
         if not self.dry_run:
             self._set_limit(trainer, limit_W)
         if self.warmup_steps > 0:
-            self._state = Warmup(current_power_limit=limit_W * MILLI, steps=self.warmup_steps)
+            self._state = Warmup(current_power_limit=limit_W * MW_PER_W, steps=self.warmup_steps)
         else:
             self._start_window(limit_W)
 
     def _start_window(self, limit_W: int) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
-        self._state = Profiling(current_power_limit=limit_W * MILLI, steps=self.profile_steps)
+        self._state = Profiling(current_power_limit=limit_W * MW_PER_W, steps=self.profile_steps)
         self._window_first = self._step_begun  # the window starts where this step's figures will start
         self._read_own_clock(self._step_begun)
 
@@ -450,6 +459,7 @@ class PowerLimitOptimizer(MeteredCallback):
             steps.update(self._pending[1:])
         return steps
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         """Keep the start mark of a step that bounds a window (the figures arrive a few steps late)."""
         if figures.step in self._bounding_steps():
@@ -513,21 +523,24 @@ class PowerLimitOptimizer(MeteredCallback):
         self._merge_pending(trainer)
         choice = self._strategy.choose(self.profiles) if trainer.is_global_zero else None
         self.chosen_limit_W = int(trainer.strategy.broadcast(choice, src=0))
-        self._state = Done(optimal_power_limit=self.chosen_limit_W * MILLI)
+        self._state = Done(optimal_power_limit=self.chosen_limit_W * MW_PER_W)
         self._set_limit(trainer, self.chosen_limit_W)
         rank_zero_info(f"PowerLimitOptimizer: {self.selector} picks {self.chosen_limit_W} W after profiling "
                        f"{len(self.profiles)} of {len(self._grid)} limits ({self.search} search)")
         if trainer.is_global_zero:
             self._write_results(trainer)
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any, batch_idx: int) -> None:
         if not trainer.fit_loop.epoch_loop._should_accumulate() and trainer._logger_connector.should_update_logs:
             self._log(trainer, {"power_limit/current_W": float(self._current_W)})
 
     # ---------------------------------------------------------------- interruptions
+    @override
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._interrupt(trainer, "the end of a training epoch")
 
+    @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and self._state is not None:
             self._interrupt(trainer, "a validation run")
@@ -538,18 +551,19 @@ class PowerLimitOptimizer(MeteredCallback):
         state = self._state
         if not isinstance(state, (Warmup, Profiling)):
             return
-        limit_W = state.current_power_limit // MILLI
+        limit_W = state.current_power_limit // MW_PER_W
         rank_zero_info(f"PowerLimitOptimizer: {type(state).__name__.lower()} of {limit_W} W interrupted by {reason}; "
                        "it is profiled again")
         self._window_first = None
         keep = self._bounding_steps()
         self._starts = {step: mark for step, mark in self._starts.items() if step in keep}
         self.retried_windows += 1
-        self._state = Ready(next_power_limit=limit_W * MILLI, steps=1)
+        self._state = Ready(next_power_limit=limit_W * MW_PER_W, steps=1)
         if not self.dry_run:
             self._set_limit(trainer, self._max_W)
 
     # ---------------------------------------------------------------- end of fit
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         Ready, Warmup, Profiling, Done = _zeus_states()
         if not isinstance(self._state, Done):
@@ -601,7 +615,7 @@ class PowerLimitOptimizer(MeteredCallback):
         Ready, Warmup, Profiling, Done = _zeus_states()
         self._merge_pending(trainer)
         here = self.profiles.pop(self._start_W)
-        self._state = Done(optimal_power_limit=self._start_W * MILLI)
+        self._state = Done(optimal_power_limit=self._start_W * MW_PER_W)
         plan = self._strategy.plan()
         per_limit = self.warmup_steps + self.profile_steps
         steps = {"min": self.wait_steps + plan["min_limits"] * per_limit + plan["calibration_windows"] * self.profile_steps,
@@ -641,6 +655,7 @@ class PowerLimitOptimizer(MeteredCallback):
             )
 
     # ---------------------------------------------------------------- resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self._state is None:
             return dict(self._resume or {})
@@ -658,6 +673,7 @@ class PowerLimitOptimizer(MeteredCallback):
             "grid_W": list(self._grid),
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume = dict(state_dict)
         if self.attachment is not None:  # already set up (Lightning restores callbacks after setup)
@@ -683,6 +699,6 @@ class PowerLimitOptimizer(MeteredCallback):
         state = classes[kind](**fields)
         if isinstance(state, Ready) and saved.get("unmeasured_W"):
             # the window that ended just before the checkpoint had no figures yet: profile it again first
-            state = Ready(next_power_limit=saved["unmeasured_W"][0] * MILLI, steps=1)
+            state = Ready(next_power_limit=saved["unmeasured_W"][0] * MW_PER_W, steps=1)
         self._state = state
         self._resume = None

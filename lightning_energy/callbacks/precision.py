@@ -10,22 +10,22 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
-from lightning_energy import distributed
+from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.integration.timeline import StepFigures
-from lightning_energy.precision import (
-    MODE_LEGEND,
-    MODES,
-    REFERENCE_MODE,
-    SwitchablePrecision,
-    get_mode,
-    unavailable_reason,
+from lightning_energy.integration.precision_plugin import SwitchablePrecision
+from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODES, REFERENCE_MODE, get_mode, unavailable_reason
+from lightning_energy.optimize.precision.probe import reference_loss
+from lightning_energy.optimize.precision.report import (
+    KEPT_CHECKS,
+    REPORT_FILE,
+    build_precision_report,
+    format_precision_report,
 )
-from lightning_energy.precision_probe import reference_loss
-from lightning_energy.precision_report import KEPT_CHECKS, REPORT_FILE, build_precision_report, format_precision_report
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
 OBJECTIVES = ("energy", "time", "edp")
@@ -41,7 +41,7 @@ class PrecisionSwitch(MeteredCallback):
 
     ``Trainer(callbacks=[EnergyCallback(), PrecisionSwitch(candidates=["32-true", "bf16-mixed", "16-mixed"])])``
     needs nothing else: when the Trainer has its default precision the callback installs a
-    :class:`~lightning_energy.precision.SwitchablePrecision` plugin (or uses one given in ``plugins``).
+    :class:`~lightning_energy.integration.precision_plugin.SwitchablePrecision` plugin (or uses one given in ``plugins``).
 
     1. Profiling, in rounds. In a round the reference ``32-true`` and then each candidate trains ``warmup_steps``
        + ``profile_steps`` optimizer steps. Over the profile steps the Trainer's timeline (the step windows every
@@ -69,7 +69,7 @@ class PrecisionSwitch(MeteredCallback):
        with two rounds (AB, BA) a steady drift cancels in the pool.
     3. Guard. Every ``check_every_n_steps`` steps the gap is measured again, over the last ``probe_batches``
        steps before the check (each replayed in ``32-true``). The callback falls back to the next
-       safer mode (the order of :data:`~lightning_energy.precision.MODE_NAMES`) on a non-finite gradient
+       safer mode (the order of :data:`~lightning_energy.integration.precision_plugin.MODE_NAMES`) on a non-finite gradient
        (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
        skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
        the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` at
@@ -241,6 +241,7 @@ class PrecisionSwitch(MeteredCallback):
         self._report_built = False
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if sum(isinstance(c, PrecisionSwitch) for c in trainer.callbacks) > 1:
             raise ValueError("a Trainer can hold only one PrecisionSwitch callback")
@@ -296,6 +297,7 @@ class PrecisionSwitch(MeteredCallback):
         return plan
 
     # ---------------------------------------------------------------- training
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._restored:
             self._apply_restored(self._restored)
@@ -324,6 +326,7 @@ class PrecisionSwitch(MeteredCallback):
                 logger.log_hyperparams({"precision/start_mode": mode, "precision/mode_legend": MODE_LEGEND})
         self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({reason})")
 
+    @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # the timeline has opened this step's window (MeteredCallback reports the boundary first)
         self._batch_mode = self.plugin.mode_name
@@ -351,6 +354,7 @@ class PrecisionSwitch(MeteredCallback):
         # the last ``probe_batches`` steps before each check
         return self.check_every_n_steps > 0 and self._since_check >= self.check_every_n_steps - self.probe_batches
 
+    @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
         """A step's figures (a few steps after it, the probe excluded): summed per mode and per profile."""
         tag = self._step_tags.pop(figures.step, None)
@@ -366,6 +370,7 @@ class PrecisionSwitch(MeteredCallback):
         if probe is not None:
             self._probes.add(sum(probe.energy_J.get(name, 0.0) for name in self._names), probe.duration_s)
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         self._accumulate(trainer, outputs)
@@ -593,6 +598,7 @@ class PrecisionSwitch(MeteredCallback):
             rank_zero_warn(message)
 
     # ---------------------------------------------------------------- report
+    @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._build_report(trainer):
             return
@@ -629,6 +635,7 @@ class PrecisionSwitch(MeteredCallback):
         return trainer.is_global_zero
 
     # ---------------------------------------------------------------- resume
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self._window is None:
             return dict(self._restored or {})
@@ -642,6 +649,7 @@ class PrecisionSwitch(MeteredCallback):
             "nonfinite_losses": self.nonfinite_losses,
         }
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored = dict(state_dict)
 

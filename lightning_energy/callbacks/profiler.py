@@ -13,17 +13,18 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.integration.base import MeteredCallback
 from lightning_energy.io import atomic_write_text
-from lightning_energy.meter import Mark, Measurement, measure
-from lightning_energy.op_energy import (
+from lightning_energy.measure.meter import Mark, Measurement, measure
+from lightning_energy.outputs.op_energy import (
     DEVICE_SYNC_MARKER, SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us,
     counter_events, device_clock_offset_us, device_of, read_chrome_trace, write_chrome_trace,
 )
-from lightning_energy.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.series import bound_between
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.series import bound_between
 
 ACTIVITIES = ("cpu", "cuda")
 TRACE_GLOB = "*.pt.trace.json*"
@@ -72,11 +73,11 @@ class EnergyProfiler(MeteredCallback):
     - ``<host>_<pid>.<ns>.pt.trace.json``: the trace from ``torch.profiler.tensorboard_trace_handler``,
       rewritten atomically with counter tracks ``power <sensor> (W)`` (every sample of the window) and
       ``energy <sensor> (J)`` (since the window start), aligned to the trace's clock (see
-      :mod:`lightning_energy.op_energy`): a device sensor's tracks sit in the GPU's process, beside its
+      :mod:`lightning_energy.outputs.op_energy`): a device sensor's tracks sit in the GPU's process, beside its
       kernels, on the device tracks' clock; plus a ``lightningEnergy`` entry (window, clock offsets of
       the host and device tracks, ``estimated`` and ``estimated_sensors``).
     - ``op_energy_step<global step>.csv``: the window's measured energy split among operators by the
-      rule in :mod:`lightning_energy.op_energy`: each sensor's energy goes to the tracks of its scope
+      rule in :mod:`lightning_energy.outputs.op_energy`: each sensor's energy goes to the tracks of its scope
       (on a GPU run, device sensors to the kernels and copies on this rank's GPU, host sensors to the
       CPU threads; on a CPU run every sensor to the CPU threads); the innermost op per thread/stream
       holds the time, concurrent ops share equally, the rest is idle; so per sensor the ops and the
@@ -173,6 +174,7 @@ class EnergyProfiler(MeteredCallback):
         self._device_probe = None  # a one-element tensor on that GPU: the device sync marker's kernel
 
     # ---------------------------------------------------------------- set-up and tear-down
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
@@ -198,10 +200,12 @@ class EnergyProfiler(MeteredCallback):
         self._sampler = attachment.sampler
         self._sampler.add_listener(self._recorder)
 
+    @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._release()
         super().teardown(trainer, pl_module, stage)
 
+    @override
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._processing = False  # no trace post-processing for a failed run
         self._release()
@@ -222,6 +226,7 @@ class EnergyProfiler(MeteredCallback):
         return timeline.extra(FLUSH) if timeline is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- profiling
+    @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         import torch.profiler as tp
 
@@ -245,6 +250,7 @@ class EnergyProfiler(MeteredCallback):
         self._profiler.start()
         self._open_window_if_recording()
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         profiler = self._profiler
@@ -262,6 +268,7 @@ class EnergyProfiler(MeteredCallback):
                 profiler.step()  # exports the trace at the end of a cycle (-> _on_trace_ready)
         self._open_window_if_recording()
 
+    @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._profiler is None:
             return

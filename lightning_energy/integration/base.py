@@ -16,11 +16,12 @@ from typing import Any, Callable
 
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
 
 from lightning_energy.integration import session as sessions
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.sensors.base import Sensor, validate_sensors
-from lightning_energy.sensors.detect import BACKENDS
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor, validate_sensors
+from lightning_energy.measure.sensors.detect import BACKENDS
 
 
 def _report(boundary: Callable) -> Callable:
@@ -109,9 +110,11 @@ class MeteredCallback(Callback):
         attachment.timeline.unsubscribe(self)
         sessions.detach(attachment)
 
+    @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.detach(trainer)
 
+    @override
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.detach(trainer)
 

@@ -2,7 +2,7 @@
 
 Every callback of the suite attaches to the session of its Trainer in ``setup`` and detaches in
 ``teardown``. The first to attach opens it; the sensors of all attached callbacks are read by the one
-sampling thread of the process, and all marks go through the one :class:`~lightning_energy.meter.Meter`
+sampling thread of the process, and all marks go through the one :class:`~lightning_energy.measure.meter.Meter`
 whose boundaries the Trainer's :class:`~lightning_energy.integration.timeline.Timeline` places. When the
 last callback detaches the session closes, so a second ``fit`` on the same Trainer gets a fresh one.
 """
@@ -12,11 +12,26 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-from lightning_energy.meter import Meter
-from lightning_energy.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
-from lightning_energy.sensors.base import Sensor
-from lightning_energy.clocks import device_clock
-from lightning_energy.session import rank_sensors
+from lightning_energy.measure.meter import Meter
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.clocks import device_clock
+from lightning_energy.measure.sensors.detect import default_sensors, zeus_sensors
+
+
+def rank_sensors(trainer, sensors: list[Sensor] | None = None, backend: str = "auto"):
+    """(sensors, notes, zeus backend) for this rank: host sensors on local rank 0 only."""
+    root = trainer.strategy.root_device
+    cuda_index = root.index if root.type == "cuda" else None
+    read_host = trainer.local_rank == 0
+    if sensors is not None:
+        return [s for s in sensors if s.scope == "device" or read_host], [], None
+    if backend == "zeus":
+        found, zeus = zeus_sensors(cuda_index, read_host)
+        return found, [], zeus
+    found, notes = default_sensors(cuda_index, read_host)
+    return found, notes, None
+
 
 
 @dataclass(eq=False)

@@ -1,0 +1,133 @@
+"""``lightning-energy estimate MODEL``: predict a model's training energy before training it.
+
+The model is given as an import path of its class (``package.module.Class``), its constructor
+arguments as JSON (an object for keyword arguments, a list for positional ones) and the shape of one
+input batch. Prints the FLOPs/MACs table and the theoretical and empirical predictions; ``--json``
+also writes them to a file (atomically).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+HELP = "predict a model's energy per training step and for a whole training run, before training"
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", help="import path of the model class, e.g. torch.nn.Linear or mypkg.models.AE")
+    parser.add_argument("--init-args", default="{}", metavar="JSON",
+                        help='constructor arguments: a JSON object (keywords) or list (positional); default {}')
+    parser.add_argument("--input-shape", required=True, metavar="N,D,...",
+                        help="shape of one input batch, batch first, e.g. 512,24")
+    steps = parser.add_mutually_exclusive_group(required=True)
+    steps.add_argument("--steps", type=int, help="planned training steps")
+    steps.add_argument("--epochs", type=int, help="planned epochs (with --steps-per-epoch)")
+    parser.add_argument("--steps-per-epoch", type=int, help="training steps per epoch (with --epochs)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="parameter and input dtype")
+    parser.add_argument("--device", default="cpu", help="torch device for the model and benchmarks (cpu, cuda:0)")
+    parser.add_argument("--bits", type=int, choices=(8, 16, 32, 64),
+                        help="bit width for the 45 nm prices (default: from --dtype)")
+    parser.add_argument("--no-empirical", action="store_true", help="skip the layer benchmarks")
+    parser.add_argument("--bench-seconds", type=float, default=0.25,
+                        help="seconds per benchmark point (default 0.25)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the estimate as JSON here")
+
+
+def run(args) -> int:
+    from lightning_energy.cli.commands import CommandError
+
+    steps = _planned_steps(args, CommandError)
+    if not args.bench_seconds > 0:
+        raise CommandError(f"--bench-seconds must be > 0, got {args.bench_seconds}")
+    shape = _parse_shape(args.input_shape, CommandError)
+    init = _parse_init_args(args.init_args, CommandError)
+    model_class = _import_class(args.model, CommandError)
+
+    import torch
+
+    from lightning_energy.io import atomic_write_json
+    from lightning_energy.predict.pre_run import estimate_energy
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        raise CommandError(f"--device {args.device!r} is not a torch device ({err})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CommandError(f"--device {args.device}: CUDA is not available on this machine")
+    dtype = getattr(torch, args.dtype)
+    try:
+        model = model_class(**init) if isinstance(init, dict) else model_class(*init)
+    except Exception as err:
+        raise CommandError(f"cannot build {args.model} with --init-args {args.init_args} "
+                           f"({type(err).__name__}: {err})") from None
+    if not isinstance(model, torch.nn.Module):
+        raise CommandError(f"{args.model} built a {type(model).__name__}, not a torch.nn.Module")
+    model = model.to(device=device, dtype=dtype)
+    example = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device=device, dtype=dtype)
+    try:
+        model(example)
+    except Exception as err:
+        raise CommandError(f"{args.model} cannot take an input of shape {tuple(shape)} "
+                           f"({type(err).__name__}: {err})") from None
+    estimate = estimate_energy(model, example, steps, bits=args.bits, empirical=not args.no_empirical,
+                               min_seconds=args.bench_seconds)
+    print(estimate.format())
+    if args.json is not None:
+        path = atomic_write_json(args.json, {"model": args.model, "init_args": init, "input_shape": shape,
+                                             **estimate.as_dict()})
+        print(f"written: {path}")
+    return 0
+
+
+def _planned_steps(args, error) -> int:
+    if args.steps is not None:
+        if args.steps < 1:
+            raise error(f"--steps must be >= 1, got {args.steps}")
+        if args.steps_per_epoch is not None:
+            raise error("--steps-per-epoch goes with --epochs, not with --steps")
+        return args.steps
+    if args.steps_per_epoch is None:
+        raise error("--epochs needs --steps-per-epoch")
+    if args.epochs < 1 or args.steps_per_epoch < 1:
+        raise error(f"--epochs and --steps-per-epoch must be >= 1, got {args.epochs} and {args.steps_per_epoch}")
+    return args.epochs * args.steps_per_epoch
+
+
+def _parse_shape(text: str, error) -> list[int]:
+    parts = [p.strip() for p in text.replace("x", ",").split(",") if p.strip()]
+    try:
+        shape = [int(p) for p in parts]
+    except ValueError:
+        shape = []
+    if not shape or any(n < 1 for n in shape):
+        raise error(f"--input-shape must be positive integers separated by commas, e.g. 512,24; got {text!r}")
+    return shape
+
+
+def _parse_init_args(text: str, error):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise error(f"--init-args is not valid JSON ({err.msg} at position {err.pos}): {text!r}") from None
+    if not isinstance(value, (dict, list)):
+        raise error(f"--init-args must be a JSON object or list, got {type(value).__name__}: {text!r}")
+    return value
+
+
+def _import_class(path: str, error):
+    module_name, _, name = path.rpartition(".")
+    if not module_name:
+        raise error(f"model {path!r} must be an import path such as package.module.Class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise error(f"cannot import module {module_name!r} for model {path!r} ({err})") from None
+    if not hasattr(module, name):
+        raise error(f"module {module_name!r} has no attribute {name!r}")
+    target = getattr(module, name)
+    if not callable(target):
+        raise error(f"{path} is not a class or callable")
+    return target

@@ -1,0 +1,619 @@
+"""NVIDIA GPU energy through NVML (``pynvml`` from the ``nvidia-ml-py`` distribution).
+
+What is read, in this order of preference (the sensor's ``reading`` and ``source`` say which):
+
+- ``"energy counter"``: ``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver was
+  loaded, updated about every 100 ms (Volta and newer).
+- Otherwise power, polled and integrated by the sampler (milliwatts):
+  ``"instant power"`` from the ``NVML_FI_DEV_POWER_INSTANT`` field where the driver has it, else
+  ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1-s average on Ampere and newer parts
+  (except GA100) and as instantaneous on older ones (``"1-s average power"`` / ``"instant power"``).
+
+Counter and power together (Ampere and newer, with the instant field): the counter gives the exact
+energy of each 100 ms update period but not where in it the work changed; the instant power, the mean
+over the ~25 ms the card's power sensor observes in each period (``shape_window_s``), says which power
+held on which side of a step boundary. The sampler passes it (``shape_power_field``) to the series,
+which shares each period's exact energy out by it (``lightning_energy.measure.series``).
+
+At each sample the telemetry of the GPU power study is recorded where the card exposes it: utilisation,
+memory utilisation, SM and memory clocks, power state, power (same field as above), temperature and
+PCIe TX/RX throughput.
+
+Errors: every failed NVML call raises an :class:`NvmlError` subclass that names the call, the GPU and
+NVML's error code (:func:`nvml_errors`), as Zeus's ``_handle_nvml_errors`` does; only "not supported"
+is taken as an answer (no counter, no instant field, no such telemetry). MIG: a MIG instance, or a GPU
+in MIG mode, is refused (:class:`MigDeviceError`): NVML has no per-instance energy, and the parent GPU's
+counter would count every co-tenant's work too.
+
+The CUDA -> NVML mapping (:func:`nvml_index_for_cuda_device`) is the one shared by measurement and
+power-limit control (see ``lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import time
+from typing import Any, Callable, Iterator
+
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import J_PER_MJ, W_PER_MW
+
+NVML_COUNTER_UPDATE_PERIOD_S = 0.1  # the total-energy counter advances about every 100 ms
+# A100/H100 (Ampere and newer): the power sensor observes only ~25 ms of each 100 ms period; the instant
+# power is the mean over that window, refreshed with the counter (taken here as the 25 ms before the update)
+NVML_OBSERVED_WINDOW_S = 0.025
+PCIE_READ_INTERVAL_S = 1.0  # each PCIe throughput query blocks ~20 ms in the driver: read it at most 1 Hz
+
+# nvml.h values (the same numbers as pynvml's constants); used directly so that a pynvml that predates a
+# name, or a stand-in module, still maps correctly.
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_FI_DEV_POWER_INSTANT = 186
+NVML_POWER_SCOPE_GPU = 0
+NVML_DEVICE_MIG_ENABLE = 1
+NVML_DEVICE_ARCH_AMPERE = 7
+INSTANT_POWER_FIELD = (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU)  # (field id, scope), as Zeus asks
+
+READING_COUNTER = "energy counter"
+READING_INSTANT = "instant power"
+READING_AVERAGE = "1-s average power"
+
+
+# ------------------------------------------------------------------------------------------- errors
+class NvmlError(RuntimeError):
+    """An NVML call failed. ``code``: NVML's ``nvmlReturn_t`` value (None if the binding gave none)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NvmlNotSupportedError(NvmlError):
+    """NVML_ERROR_NOT_SUPPORTED: this GPU or driver does not offer the query."""
+
+
+class NvmlNoPermissionError(NvmlError):
+    """NVML_ERROR_NO_PERMISSION."""
+
+
+class NvmlNotFoundError(NvmlError):
+    """NVML_ERROR_NOT_FOUND (e.g. no device with that UUID)."""
+
+
+class NvmlGpuLostError(NvmlError):
+    """NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus; its readings are over."""
+
+
+class NvmlUnavailableError(NvmlError):
+    """NVML cannot be used here: library or driver missing, not initialised, function absent."""
+
+
+class MigDeviceError(RuntimeError):
+    """The CUDA device is a MIG instance (or its GPU is in MIG mode): its energy cannot be read alone."""
+
+
+class CudaDeviceMappingError(RuntimeError):
+    """The NVML device behind a CUDA device index cannot be told for certain."""
+
+
+_ERROR_CLASSES: dict[int, type[NvmlError]] = {
+    NVML_ERROR_NOT_SUPPORTED: NvmlNotSupportedError,
+    NVML_ERROR_NO_PERMISSION: NvmlNoPermissionError,
+    NVML_ERROR_NOT_FOUND: NvmlNotFoundError,
+    NVML_ERROR_GPU_IS_LOST: NvmlGpuLostError,
+    NVML_ERROR_UNINITIALIZED: NvmlUnavailableError,
+    NVML_ERROR_DRIVER_NOT_LOADED: NvmlUnavailableError,
+    NVML_ERROR_LIBRARY_NOT_FOUND: NvmlUnavailableError,
+    NVML_ERROR_FUNCTION_NOT_FOUND: NvmlUnavailableError,
+}
+_ERROR_NAMES = {
+    NVML_ERROR_UNINITIALIZED: "NVML_ERROR_UNINITIALIZED",
+    NVML_ERROR_INVALID_ARGUMENT: "NVML_ERROR_INVALID_ARGUMENT",
+    NVML_ERROR_NOT_SUPPORTED: "NVML_ERROR_NOT_SUPPORTED",
+    NVML_ERROR_NO_PERMISSION: "NVML_ERROR_NO_PERMISSION",
+    NVML_ERROR_NOT_FOUND: "NVML_ERROR_NOT_FOUND",
+    NVML_ERROR_DRIVER_NOT_LOADED: "NVML_ERROR_DRIVER_NOT_LOADED",
+    NVML_ERROR_LIBRARY_NOT_FOUND: "NVML_ERROR_LIBRARY_NOT_FOUND",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "NVML_ERROR_FUNCTION_NOT_FOUND",
+    NVML_ERROR_GPU_IS_LOST: "NVML_ERROR_GPU_IS_LOST",
+}
+# pynvml's str() of a coded error; a stand-in that raises NVMLError("Not Supported") without a code is
+# read through the same text.
+_CODES_BY_TEXT = {"Not Supported": NVML_ERROR_NOT_SUPPORTED, "Not Found": NVML_ERROR_NOT_FOUND,
+                  "Insufficient Permissions": NVML_ERROR_NO_PERMISSION, "GPU is lost": NVML_ERROR_GPU_IS_LOST}
+
+
+def nvml_error(err: BaseException, what: str) -> NvmlError:
+    """The typed error for a ``pynvml.NVMLError`` raised by ``what`` (a call and the GPU it was about)."""
+    code = getattr(err, "value", None)
+    if not isinstance(code, int):
+        code = _CODES_BY_TEXT.get(str(err))
+    return nvml_error_for_code(code, f"{what}: {err}")
+
+
+def nvml_error_for_code(code: int | None, message: str) -> NvmlError:
+    """The typed error for NVML return code ``code`` (e.g. a per-field ``nvmlReturn``)."""
+    name = _ERROR_NAMES.get(code, f"NVML error code {code}" if code is not None else "no NVML error code")
+    return _ERROR_CLASSES.get(code, NvmlError)(f"{message} ({name})", code)
+
+
+@contextlib.contextmanager
+def nvml_errors(nvml, what: str) -> Iterator[None]:
+    """Turn a ``pynvml.NVMLError`` raised in the block into the typed :class:`NvmlError` for its code."""
+    try:
+        yield
+    except nvml.NVMLError as err:
+        raise nvml_error(err, what) from err
+
+
+def _handle_nvml_errors(method: Callable) -> Callable:
+    """For :class:`NvmlGpuSensor` methods: NVML errors become typed errors naming the method and GPU."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with nvml_errors(self._nvml, f"{method.__name__} on NVML GPU {self.nvml_index}"):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+# ------------------------------------------------------------------------------------------- library
+def load_pynvml():
+    """Import ``pynvml`` and initialise NVML (one ``nvmlInit``: pair it with ``nvmlShutdown``).
+
+    Raises ImportError without the ``nvidia-ml-py`` package, :class:`NvmlError` when NVML cannot start.
+    """
+    import pynvml
+
+    with nvml_errors(pynvml, "nvmlInit"):
+        pynvml.nvmlInit()
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _uuid_body(uuid: str) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (torch prints none, NVML one)."""
+    uuid = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if uuid.startswith(prefix):
+            return uuid[len(prefix):]
+    return uuid
+
+
+def _mig_mode_enabled(nvml, handle, what: str) -> bool:
+    """Whether the GPU is in MIG mode (False where NVML or the GPU has no MIG: pre-Ampere parts)."""
+    if not hasattr(nvml, "nvmlDeviceGetMigMode"):
+        return False
+    try:
+        with nvml_errors(nvml, f"nvmlDeviceGetMigMode on {what}"):
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except NvmlNotSupportedError:
+        return False
+    return current == NVML_DEVICE_MIG_ENABLE
+
+
+def _is_mig_device_handle(nvml, handle) -> bool:
+    if not hasattr(nvml, "nvmlDeviceIsMigDeviceHandle"):
+        return False
+    with nvml_errors(nvml, "nvmlDeviceIsMigDeviceHandle"):
+        flag = nvml.nvmlDeviceIsMigDeviceHandle(handle)
+    return bool(getattr(flag, "value", flag))  # pynvml returns the ctypes c_uint itself
+
+
+def _mig_uuids(nvml, handle, what: str) -> list[str]:
+    """The UUIDs (``MIG-...``) of the MIG instances of a GPU in MIG mode."""
+    uuids = []
+    with nvml_errors(nvml, f"nvmlDeviceGetMaxMigDeviceCount on {what}"):
+        slots = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+    for slot in range(slots):
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetMigDeviceHandleByIndex({slot}) on {what}"):
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except NvmlNotFoundError:  # an empty slot
+            continue
+        with nvml_errors(nvml, f"nvmlDeviceGetUUID of MIG slot {slot} on {what}"):
+            uuids.append(_text(nvml.nvmlDeviceGetUUID(mig)))
+    return uuids
+
+
+def _mig_refusal(what: str) -> MigDeviceError:
+    return MigDeviceError(
+        f"{what}: NVML reads no energy per MIG instance, and the GPU's own counter would also count the "
+        "work of every other instance on it. Measure on a whole GPU (MIG mode off), or pass sensors=[...] "
+        "of your own."
+    )
+
+
+# ------------------------------------------------------------------------------------------- CUDA -> NVML
+def nvml_index_for_cuda_device(pynvml, cuda_index: int) -> int:
+    """The NVML index of this process's CUDA device ``cuda_index`` (NVML ignores CUDA_VISIBLE_DEVICES).
+
+    NVML must be initialised by the caller. The device is identified, most trusted first:
+
+    1. by the UUID torch reports for it (``torch.cuda.get_device_properties(i).uuid``), found among
+       NVML's GPUs;
+    2. else by ``CUDA_VISIBLE_DEVICES`` read as CUDA reads it (the rules of torch's
+       ``_parse_visible_devices``): ``GPU-`` UUIDs or unique prefixes of them; or ordinals, which, as
+       with no ``CUDA_VISIBLE_DEVICES`` at all, count in CUDA's enumeration order. NVML numbers GPUs in
+       PCI bus order (as ``nvidia-smi``); CUDA does so with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, while its
+       default ``FASTEST_FIRST`` gives the same order only when every GPU is the same model.
+
+    Raises :class:`CudaDeviceMappingError` when the device cannot be told for certain (never a guess),
+    :class:`MigDeviceError` for a MIG instance or a GPU in MIG mode, :class:`NvmlError` when NVML fails.
+    """
+    count = _device_count(pynvml)
+    uuid = _torch_uuid(cuda_index)
+    if uuid is not None:
+        return _index_of_uuid(pynvml, count, uuid, f"CUDA device {cuda_index} (UUID {uuid} from torch)")
+    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if raw is not None:
+        visible = _parse_visible_devices(raw)
+        if cuda_index >= len(visible):
+            raise CudaDeviceMappingError(
+                f"CUDA device {cuda_index} is not in CUDA_VISIBLE_DEVICES={raw!r} "
+                f"(CUDA reads it as {len(visible)} device(s): {visible})"
+            )
+        entry = visible[cuda_index]
+        if isinstance(entry, str):
+            return _index_of_uuid_entry(pynvml, count, entry, cuda_index, raw)
+        ordinal, where = entry, f"CUDA_VISIBLE_DEVICES={raw!r}"
+    else:
+        ordinal, where = cuda_index, "CUDA_VISIBLE_DEVICES unset"
+    return _index_of_ordinal(pynvml, count, ordinal, f"CUDA device {cuda_index} ({where})")
+
+
+def _device_count(nvml) -> int:
+    with nvml_errors(nvml, "nvmlDeviceGetCount"):
+        return int(nvml.nvmlDeviceGetCount())
+
+
+def _gpu(nvml, index: int):
+    with nvml_errors(nvml, f"nvmlDeviceGetHandleByIndex({index})"):
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _gpu_uuid(nvml, index: int) -> str:
+    with nvml_errors(nvml, f"nvmlDeviceGetUUID on NVML GPU {index}"):
+        return _text(nvml.nvmlDeviceGetUUID(_gpu(nvml, index)))
+
+
+def _gpu_name(nvml, index: int) -> str:
+    with nvml_errors(nvml, f"nvmlDeviceGetName on NVML GPU {index}"):
+        return _text(nvml.nvmlDeviceGetName(_gpu(nvml, index)))
+
+
+def _refuse_mig_mode(nvml, index: int, what: str) -> int:
+    if _mig_mode_enabled(nvml, _gpu(nvml, index), f"NVML GPU {index}"):
+        raise _mig_refusal(f"{what} is on NVML GPU {index}, which is in MIG mode")
+    return index
+
+
+def _index_of_uuid(nvml, count: int, uuid: str, what: str) -> int:
+    body = _uuid_body(uuid)
+    for index in range(count):
+        if _uuid_body(_gpu_uuid(nvml, index)) == body:
+            return _refuse_mig_mode(nvml, index, what)
+    for index in range(count):  # not a whole GPU: is it a MIG instance?
+        handle = _gpu(nvml, index)
+        if _mig_mode_enabled(nvml, handle, f"NVML GPU {index}"):
+            if any(_uuid_body(mig) == body for mig in _mig_uuids(nvml, handle, f"NVML GPU {index}")):
+                raise _mig_refusal(f"{what} is a MIG instance of NVML GPU {index}")
+    raise CudaDeviceMappingError(f"{what}: no NVML device has this UUID")
+
+
+def _index_of_uuid_entry(nvml, count: int, entry: str, cuda_index: int, raw: str) -> int:
+    what = f"CUDA device {cuda_index} ({entry!r} in CUDA_VISIBLE_DEVICES={raw!r})"
+    if entry.upper().startswith("MIG-"):
+        raise _mig_refusal(f"{what} is a MIG instance")
+    matches = [i for i in range(count) if _gpu_uuid(nvml, i).lower().startswith(entry.lower())]
+    if len(matches) != 1:  # _parse_visible_devices keeps only entries that match one GPU
+        raise CudaDeviceMappingError(f"{what}: {len(matches)} NVML GPUs have a UUID starting so")
+    return _refuse_mig_mode(nvml, matches[0], what)
+
+
+def _index_of_ordinal(nvml, count: int, ordinal: int, what: str) -> int:
+    if not 0 <= ordinal < count:
+        raise CudaDeviceMappingError(f"{what}: CUDA ordinal {ordinal} but NVML sees {count} GPU(s)")
+    for index in range(count):  # MIG instances change CUDA's enumeration: ordinals cannot be trusted
+        if _mig_mode_enabled(nvml, _gpu(nvml, index), f"NVML GPU {index}"):
+            raise _mig_refusal(f"{what}: NVML GPU {index} is in MIG mode, so CUDA ordinals do not name GPUs")
+    order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    if order != "PCI_BUS_ID":
+        models = {_gpu_name(nvml, i) for i in range(count)}
+        if len(models) > 1:
+            raise CudaDeviceMappingError(
+                f"{what}: CUDA_DEVICE_ORDER={order} numbers these different GPUs ({', '.join(sorted(models))}) "
+                "fastest first, NVML in PCI bus order. Set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name GPUs by UUID "
+                "in CUDA_VISIBLE_DEVICES."
+            )
+    return ordinal
+
+
+def _parse_visible_devices(raw: str) -> list[int] | list[str]:
+    """``CUDA_VISIBLE_DEVICES`` as CUDA reads it (torch.cuda._parse_visible_devices's rules).
+
+    A list of ``GPU-``/``MIG-`` UUIDs (or prefixes) when it starts with one, stopping at the first entry
+    that is not; else ordinals read as ``strtoul`` would (``"1gpu"`` is 1), stopping at the first
+    negative or unreadable one. A repeated entry makes the list empty. UUID entries are checked against
+    the GPUs where they are looked up.
+    """
+    entries = raw.split(",")
+    for prefix in ("GPU-", "MIG-"):
+        if raw.startswith(prefix):
+            uuids: list[str] = []
+            for entry in entries:
+                if not entry.startswith(prefix):
+                    break
+                if entry in uuids:
+                    return []
+                uuids.append(entry)
+            return uuids
+    ordinals: list[int] = []
+    for entry in entries:
+        number = re.match(r"[+-]?\d+", entry.strip())
+        value = int(number.group()) if number else -1
+        if value < 0:
+            break
+        if value in ordinals:
+            return []
+        ordinals.append(value)
+    return ordinals
+
+
+def _torch_uuid(cuda_index: int) -> str | None:
+    """The UUID torch reports for CUDA device ``cuda_index``; None where torch has no CUDA or no UUIDs."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    try:
+        properties = torch.cuda.get_device_properties(cuda_index)
+    except (AssertionError, RuntimeError, ValueError) as err:  # torch's ways of saying "no such device"
+        raise CudaDeviceMappingError(f"torch cannot describe CUDA device {cuda_index}: {err}") from err
+    uuid = getattr(properties, "uuid", None)  # absent before torch 2.1
+    return None if uuid is None else str(uuid)
+
+
+# ------------------------------------------------------------------------------------------- sensor
+class NvmlGpuSensor(Sensor):
+    """The energy of one NVIDIA GPU (scope ``"device"``) by its NVML index, with per-sample telemetry.
+
+    ``reading`` (set by :meth:`open`): ``"energy counter"`` (J from the mJ counter), or power in W from
+    ``"instant power"`` / ``"1-s average power"`` (see the module docstring). Failed NVML calls raise
+    :class:`NvmlError` subclasses; a GPU in MIG mode is refused with :class:`MigDeviceError`.
+    ``pynvml_module``: the NVML binding (default: ``import pynvml`` when opened).
+    """
+
+    def __init__(self, nvml_index: int, name: str | None = None, pynvml_module=None) -> None:
+        super().__init__(name or f"gpu{nvml_index}", "device")
+        self.nvml_index = nvml_index
+        self.reading: str | None = None
+        self.power_field: str | None = None  # the NVML query behind power_w() and the power_W telemetry
+        self._nvml = pynvml_module
+        self._initialised = False
+        self._handle = None
+        self._mode = "energy"
+        self._instant_field = False
+        self._power_is_average = False
+        self._telemetry: dict[str, Callable[[], dict[str, float]]] = {}
+        self._last_pcie_read = -float("inf")
+        self._pcie_supported: bool | None = None  # None: not tried yet (tried on the sampling thread)
+        # counter + instant power (set when opened, see the module docstring): the telemetry field and the
+        # window (s) before each counter update that the power reading averages
+        self.shape_power_field: str | None = None
+        self.shape_window_s: float | None = None
+
+    @property
+    def kind(self) -> str:
+        return self._mode
+
+    def identity(self) -> tuple:
+        # not the kind: it is settled when the sensor opens (counter, or power on pre-Volta parts)
+        return (type(self), self.name, self.nvml_index)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "nvml_index": self.nvml_index, "reading": self.reading,
+                "power_field": self.power_field}
+
+    def open(self) -> None:
+        """Initialise NVML (one ``nvmlInit``, undone by :meth:`close`), find the GPU and what it offers."""
+        if self._handle is not None:
+            return
+        if self._nvml is None:
+            import pynvml
+
+            self._nvml = pynvml
+        with nvml_errors(self._nvml, "nvmlInit"):
+            self._nvml.nvmlInit()
+        self._initialised = True
+        try:
+            self._open()
+        except BaseException:
+            self._handle = None
+            with contextlib.suppress(NvmlError):  # the reason to report is the one being raised
+                self._shutdown()
+            raise
+
+    @_handle_nvml_errors
+    def _open(self) -> None:
+        nvml, what = self._nvml, f"NVML GPU {self.nvml_index}"
+        handle = nvml.nvmlDeviceGetHandleByIndex(self.nvml_index)
+        if _is_mig_device_handle(nvml, handle) or _mig_mode_enabled(nvml, handle, what):
+            raise _mig_refusal(f"{what} is in MIG mode")
+        gpu_name = _text(nvml.nvmlDeviceGetName(handle))
+        self._handle = handle
+        self._instant_field = self._has_instant_power_field()
+        self._power_is_average = not self._instant_field and self._power_usage_is_average()
+        if self._instant_field:
+            self.power_field = "NVML_FI_DEV_POWER_INSTANT field (instantaneous, mW)"
+        elif self._power_is_average:
+            self.power_field = "nvmlDeviceGetPowerUsage (mW; a 1-s average on Ampere and newer except GA100)"
+        else:
+            self.power_field = "nvmlDeviceGetPowerUsage (mW; instantaneous before Ampere)"
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetTotalEnergyConsumption on {what}"):
+                nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except NvmlNotSupportedError:  # pre-Volta: no counter
+            self._mode = "power"
+            self.counter_update_period_s = None
+            self.reading = READING_AVERAGE if self._power_is_average else READING_INSTANT
+            how = f"{self.reading} polled and integrated (no energy counter on this GPU) from {self.power_field}"
+        else:
+            self._mode = "energy"
+            self.counter_update_period_s = NVML_COUNTER_UPDATE_PERIOD_S
+            self.reading = READING_COUNTER
+            how = "nvmlDeviceGetTotalEnergyConsumption (energy counter, mJ, updated every ~0.1 s)"
+        self.source = f"NVML {how} on GPU {self.nvml_index} ({gpu_name})"
+        self._telemetry = self._supported_telemetry()
+        self.shape_power_field = self.shape_window_s = None
+        if self._mode == "energy" and self._instant_field and "power_W" in self._telemetry and self._observes_windows():
+            self.shape_power_field, self.shape_window_s = "power_W", NVML_OBSERVED_WINDOW_S
+            self.source += f", shaped by the instant power ({NVML_OBSERVED_WINDOW_S * 1000:g} ms windows)"
+
+    def close(self) -> None:
+        """Release the GPU and NVML (the ``nvmlShutdown`` that pairs with :meth:`open`'s ``nvmlInit``)."""
+        self._handle = None
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._initialised:
+            self._initialised = False
+            with nvml_errors(self._nvml, "nvmlShutdown"):
+                self._nvml.nvmlShutdown()
+
+    @_handle_nvml_errors
+    def energy_j(self) -> float:
+        """Cumulative energy in J (the counter counts mJ since the driver was loaded)."""
+        return self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) * J_PER_MJ
+
+    @_handle_nvml_errors
+    def power_w(self) -> float:
+        """Power in W (``power_field`` says which NVML query, instantaneous or 1-s average)."""
+        return self._power_mw() * W_PER_MW
+
+    def _power_mw(self) -> float:
+        nvml = self._nvml
+        if not self._instant_field:
+            return float(nvml.nvmlDeviceGetPowerUsage(self._handle))
+        value = nvml.nvmlDeviceGetFieldValues(self._handle, [INSTANT_POWER_FIELD])[0]
+        if value.nvmlReturn != NVML_SUCCESS:  # the call succeeds; each field carries its own return code
+            raise nvml_error_for_code(value.nvmlReturn, f"NVML_FI_DEV_POWER_INSTANT on NVML GPU {self.nvml_index}")
+        return float(value.value.uiVal)
+
+    def _has_instant_power_field(self) -> bool:
+        """Whether the driver answers ``NVML_FI_DEV_POWER_INSTANT`` (a per-field "not supported" is no)."""
+        nvml = self._nvml
+        if not hasattr(nvml, "nvmlDeviceGetFieldValues"):
+            return False
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetFieldValues on NVML GPU {self.nvml_index}"):
+                value = nvml.nvmlDeviceGetFieldValues(self._handle, [INSTANT_POWER_FIELD])[0]
+        except NvmlNotSupportedError:
+            return False
+        except NvmlUnavailableError as err:
+            if err.code != NVML_ERROR_FUNCTION_NOT_FOUND:  # a driver that predates the field API
+                raise
+            return False
+        return value.nvmlReturn == NVML_SUCCESS
+
+    def _architecture(self) -> int | None:
+        """``nvmlDeviceGetArchitecture`` (None where NVML or the GPU does not say)."""
+        nvml = self._nvml
+        if not hasattr(nvml, "nvmlDeviceGetArchitecture"):
+            return None
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetArchitecture on NVML GPU {self.nvml_index}"):
+                return nvml.nvmlDeviceGetArchitecture(self._handle)
+        except NvmlNotSupportedError:
+            return None
+
+    def _observes_windows(self) -> bool:
+        """Whether the power sensor works in observed windows, one per counter period (Ampere and newer)."""
+        architecture = self._architecture()
+        return architecture is not None and architecture >= NVML_DEVICE_ARCH_AMPERE
+
+    def _power_usage_is_average(self) -> bool:
+        """Whether ``nvmlDeviceGetPowerUsage`` is a 1-s average: Ampere and newer, or unknown architecture."""
+        architecture = self._architecture()
+        return architecture is None or architecture >= NVML_DEVICE_ARCH_AMPERE
+
+    def read_fields(self) -> dict[str, float]:
+        """Telemetry; a query NVML fails this time reads NaN (the sensor's energy is unaffected)."""
+        fields: dict[str, float] = {}
+        for field, query in self._telemetry.items():
+            try:
+                with nvml_errors(self._nvml, f"{field} on NVML GPU {self.nvml_index}"):
+                    fields.update(query())
+            except NvmlError:
+                fields[field] = float("nan")
+        now = time.perf_counter()
+        if self._pcie_supported is not False and now - self._last_pcie_read >= PCIE_READ_INTERVAL_S:
+            self._last_pcie_read = now
+            fields.update(self._read_pcie())
+        return fields
+
+    def _supported_telemetry(self) -> dict[str, Callable[[], dict[str, float]]]:
+        """The telemetry queries this GPU answers (probed once; "not supported" ones are left out).
+
+        PCIe throughput is not probed here: each query blocks ~20 ms, so it is tried on the sampling
+        thread at its first read.
+        """
+        nvml, h = self._nvml, self._handle
+
+        def utilisation():
+            u = nvml.nvmlDeviceGetUtilizationRates(h)
+            return {"gpu_util_pct": float(u.gpu), "mem_util_pct": float(u.memory)}
+
+        queries = {
+            "utilisation": utilisation,
+            "sm_clock_MHz": lambda: {"sm_clock_MHz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))},
+            "mem_clock_MHz": lambda: {"mem_clock_MHz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))},
+            "pstate": lambda: {"pstate": float(nvml.nvmlDeviceGetPerformanceState(h))},
+            "power_W": lambda: {"power_W": self._power_mw() * W_PER_MW},
+            "temperature_C": lambda: {
+                "temperature_C": float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
+            },
+        }
+        supported = {}
+        for field, query in queries.items():
+            try:
+                with nvml_errors(nvml, f"{field} on NVML GPU {self.nvml_index}"):
+                    query()
+            except NvmlError:  # optional telemetry: left out, whatever NVML's reason
+                continue
+            supported[field] = query
+        return supported
+
+    def _read_pcie(self) -> dict[str, float]:
+        nvml, h = self._nvml, self._handle
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetPcieThroughput on NVML GPU {self.nvml_index}"):
+                fields = {
+                    "pcie_tx_KBps": float(nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_TX_BYTES)),
+                    "pcie_rx_KBps": float(nvml.nvmlDeviceGetPcieThroughput(h, nvml.NVML_PCIE_UTIL_RX_BYTES)),
+                }
+        except NvmlNotSupportedError:
+            if self._pcie_supported is None:  # never answered: not on this GPU
+                self._pcie_supported = False
+                return {}
+            return {"pcie_tx_KBps": float("nan"), "pcie_rx_KBps": float("nan")}
+        except NvmlError:
+            return {"pcie_tx_KBps": float("nan"), "pcie_rx_KBps": float("nan")}
+        self._pcie_supported = True
+        return fields

@@ -1,0 +1,1 @@
+"""GPU power limit: the search (objectives, exhaustive and adaptive), the profile file, the card control."""

@@ -1,0 +1,457 @@
+"""Power-limit profiling without Lightning: candidate limits, selectors, search strategies (the profile file:
+:mod:`lightning_energy.optimize.power_limit.profile_file`).
+
+Selection is Zeus's: the final choice is made by ``zeus.optimizer.power_limit``'s selectors (``Energy``,
+``Time``, ``ZeusCost`` with eta, ``MaxSlowdownConstraint``) over ``PowerLimitMeasurement`` objects of
+*profiled* limits only (a limit is never chosen without a measured window at it), and the profile file
+keeps Zeus's ``{"measurements": [{"power_limit", "energy", "time"}]}`` layout (extra keys of ours beside
+them), so Zeus's ``GlobalPowerLimitOptimizer(profile_path=...)`` can read our files and we read its files.
+
+Search: Zeus profiles every limit from the maximum down in ``pl_step`` watts (:class:`ExhaustiveSweep`).
+:class:`AdaptiveSearch` profiles fewer, without assuming a shape for the curves (no quadratic model:
+real curves have flat parts, knees, cliffs at a clock floor, plateaus of clock bins and voltage-floor
+kinks). It rests on two physical facts of DVFS power capping, checked on every profile: a step never
+gets faster at a lower limit (time per step non-increasing in the limit) and the card never draws more
+at a lower limit (mean power per step non-decreasing). Between two profiled limits ``lo < hi`` every
+limit then costs at least ``P(lo) * T(hi)`` J per step, ``T(hi)`` s, and so on for each selector: a gap
+whose bound cannot beat the best profiled cost by more than ``tolerance`` is never profiled (branch and
+bound). Measurements carry run-to-run noise: bounds and comparisons use a noise margin (the relative
+spread of one window, from repeated windows pooled with the ``noise`` prior), and a pick within noise of
+another is settled by repeating windows (at most ``max_repeats`` more per limit). When profiles break
+either fact beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a
+worse guess.
+
+DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
+limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
+energy, so N identical ranks pick what one rank alone picks); Zeus's own DDP recipe
+(``GlobalPowerLimitOptimizer`` with one GPU per process's ``ZeusMonitor``) ends up with a ``ZeusCost``
+of ``world_size=1`` beside energy summed over every GPU (``max_power_scope="process"``), which weighs time
+``world_size`` times less and picks lower limits as the job grows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+SELECTORS = ("energy", "time", "zeus_cost", "max_slowdown")
+SEARCHES = ("exhaustive", "adaptive")
+MAX_POWER_SCOPES = ("job", "process")
+DEFAULT_TOLERANCE = 0.02  # a pick is good within 2 % of the optimum (the benchmark's success criterion)
+# Run-to-run spread (relative standard deviation) of one window assumed before repeated windows measure it:
+# the issue's measurements show 3-5 %; the estimate from repeats is pooled with this prior (weight PRIOR_DOF).
+DEFAULT_NOISE = 0.03
+PRIOR_DOF = 2.0
+CONFIDENCE_Z = 1.0  # near-ties: a rival within this many standard deviations of the best is profiled again
+GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
+FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
+DEFAULT_MAX_REPEATS = 2  # most extra windows of one limit
+DEFAULT_REPEAT_BUDGET = 4  # most extra windows of a search (the noise calibration included)
+MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
+QUADRATIC_PARAMETERS = 3
+
+
+def _zeus_power_limit():
+    with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
+        import zeus.optimizer.power_limit as module
+    return module
+
+
+def limit_grid(min_W: int, max_W: int, step_W: int) -> list[int]:
+    """Zeus's candidate limits: from ``max_W`` down to ``min_W`` in ``step_W`` watts (the order profiled)."""
+    if step_W <= 0:
+        raise ValueError(f"the limit step must be > 0 W, got {step_W}")
+    if min_W > max_W:
+        raise ValueError(f"minimum limit {min_W} W above maximum {max_W} W")
+    return list(range(max_W, min_W - 1, -step_W))
+
+
+@dataclass(frozen=True)
+class LimitProfile:
+    """One profiled limit: energy (J, summed over ranks) and time (s, slowest rank) of ``steps`` steps.
+
+    ``windows``: the (energy J, time s, steps) of each window merged into it (one unless the limit was
+    profiled again to settle a near-tie); empty means one window with the totals above.
+    """
+
+    limit_W: int
+    energy_J: float
+    time_s: float
+    steps: int
+    windows: tuple[tuple[float, float, int], ...] = field(default=(), compare=False)
+
+    @property
+    def energy_per_step_J(self) -> float:
+        return self.energy_J / self.steps
+
+    @property
+    def time_per_step_s(self) -> float:
+        return self.time_s / self.steps
+
+    @property
+    def mean_power_W(self) -> float:
+        """Mean draw over the windows (J/s)."""
+        return self.energy_J / self.time_s
+
+    @property
+    def window_count(self) -> int:
+        return max(len(self.windows), 1)
+
+    def window_figures(self) -> list[tuple[float, float, int]]:
+        return list(self.windows) or [(self.energy_J, self.time_s, self.steps)]
+
+    def merged(self, other: "LimitProfile") -> "LimitProfile":
+        """This profile and another window of the same limit as one (sums; both windows kept)."""
+        if other.limit_W != self.limit_W:
+            raise ValueError(f"cannot merge windows of {self.limit_W} W and {other.limit_W} W")
+        return LimitProfile(self.limit_W, self.energy_J + other.energy_J, self.time_s + other.time_s,
+                            self.steps + other.steps, tuple(self.window_figures() + other.window_figures()))
+
+    def to_json(self, cost: float | None = None) -> dict:
+        """Zeus's measurement keys (``power_limit`` W, ``energy`` J and ``time`` s of the windows) and ours."""
+        row = {"power_limit": self.limit_W, "energy": self.energy_J, "time": self.time_s, "steps": self.steps,
+               "energy_per_step_J": self.energy_per_step_J, "time_per_step_s": self.time_per_step_s,
+               "windows": [list(w) for w in self.window_figures()]}
+        if cost is not None:
+            row["cost"] = cost
+        return row
+
+
+class Objective:
+    """A selector by name: Zeus's ``OptimumSelector`` for the choice, and the per-step cost it minimises.
+
+    ``energy``: J per step. ``time``: s per step. ``zeus_cost``: ``eta*E + (1-eta)*MaxPower*T`` per step
+    (J) with MaxPower the highest profiled limit times ``world_size`` (``max_power_scope="job"``, as
+    Zeus's ``ZeusCost(world_size=...)``) or times 1 (``"process"``: Zeus's DDP recipe, see the module
+    docstring). ``max_slowdown``: the lowest limit whose time is within ``max_slowdown_factor`` of the
+    time at the highest profiled limit; its cost is the slowdown ratio.
+    """
+
+    def __init__(self, selector: str = "zeus_cost", eta_knob: float = 0.5, max_slowdown_factor: float = 1.1,
+                 world_size: int = 1, max_power_scope: str = "job") -> None:
+        if selector not in SELECTORS:
+            raise ValueError(f"`selector` must be one of {SELECTORS}, got {selector!r}")
+        if isinstance(eta_knob, bool) or not isinstance(eta_knob, (int, float)) or not 0.0 <= eta_knob <= 1.0:
+            raise ValueError(f"`eta_knob` must be a number in [0, 1], got {eta_knob!r}")
+        if (isinstance(max_slowdown_factor, bool) or not isinstance(max_slowdown_factor, (int, float))
+                or not max_slowdown_factor >= 1.0):
+            raise ValueError(f"`max_slowdown_factor` must be a number >= 1.0, got {max_slowdown_factor!r}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"`world_size` must be an integer >= 1, got {world_size!r}")
+        if max_power_scope not in MAX_POWER_SCOPES:
+            raise ValueError(f"`max_power_scope` must be one of {MAX_POWER_SCOPES}, got {max_power_scope!r}")
+        self.selector = selector
+        self.eta_knob = float(eta_knob)
+        self.max_slowdown_factor = float(max_slowdown_factor)
+        self.world_size = world_size
+        self.max_power_scope = max_power_scope
+
+    @property
+    def is_threshold(self) -> bool:
+        """True for the max-slowdown constraint (a threshold on time, not a cost to minimise)."""
+        return self.selector == "max_slowdown"
+
+    @property
+    def cost_unit(self) -> str:
+        return {"energy": "J/step", "time": "s/step", "zeus_cost": "J/step", "max_slowdown": "x"}[self.selector]
+
+    @property
+    def max_power_ranks(self) -> int:
+        """The GPUs ZeusCost's MaxPower counts: ``world_size`` (scope ``job``) or 1 (scope ``process``)."""
+        return self.world_size if self.max_power_scope == "job" else 1
+
+    def describe(self) -> dict:
+        out = {"name": self.selector, "world_size": self.world_size}
+        if self.selector == "zeus_cost":
+            out["eta_knob"] = self.eta_knob
+            out["max_power_scope"] = self.max_power_scope
+        if self.selector == "max_slowdown":
+            out["max_slowdown_factor"] = self.max_slowdown_factor
+        return out
+
+    def zeus_selector(self):
+        """The Zeus ``OptimumSelector`` this objective stands for."""
+        zpl = _zeus_power_limit()
+        if self.selector == "energy":
+            return zpl.Energy()
+        if self.selector == "time":
+            return zpl.Time()
+        if self.selector == "zeus_cost":
+            return zpl.ZeusCost(eta_knob=self.eta_knob, world_size=self.max_power_ranks)
+        return zpl.MaxSlowdownConstraint(factor=self.max_slowdown_factor)
+
+    def select(self, profiles: list[LimitProfile]) -> int:
+        """The chosen limit (W), one of ``profiles``, by Zeus's selector over per-step energy and time."""
+        if not profiles:
+            raise ValueError("no profiled power limit to select from")
+        for p in profiles:
+            if not (p.energy_J > 0 and p.time_s > 0):
+                raise ValueError(f"power limit {p.limit_W} W was measured at {p.energy_J} J in {p.time_s} s; "
+                                 "Zeus's selectors need positive energy and time (is a device sensor missing?)")
+        zpl = _zeus_power_limit()
+        ordered = sorted(profiles, key=lambda p: p.limit_W, reverse=True)  # Zeus's profiling order: same ties
+        measurements = [zpl.PowerLimitMeasurement(power_limit=p.limit_W, energy=p.energy_per_step_J,
+                                                  time=p.time_per_step_s) for p in ordered]
+        return int(self.zeus_selector().select(measurements))
+
+    def costs(self, profiles: list[LimitProfile]) -> dict[int, float]:
+        """The per-step cost of every profile (unit :attr:`cost_unit`)."""
+        if not profiles:
+            return {}
+        top = max(profiles, key=lambda p: p.limit_W)
+        energy_J = np.array([p.energy_per_step_J for p in profiles], dtype=float)
+        time_s = np.array([p.time_per_step_s for p in profiles], dtype=float)
+        values = self.cost_of(energy_J, time_s, top.limit_W, top.time_per_step_s)
+        return {p.limit_W: float(v) for p, v in zip(profiles, values)}
+
+    def cost_of(self, energy_per_step_J, time_per_step_s, top_limit_W: int, top_time_per_step_s: float | None = None):
+        """The cost (unit :attr:`cost_unit`) of per-step energies (J) and times (s), measured or bounded.
+
+        ``top_limit_W``: the highest profiled limit (ZeusCost's MaxPower is it times :attr:`max_power_ranks`);
+        ``top_time_per_step_s``: the time per step there (the max-slowdown reference).
+        """
+        energy_J, time_s = np.asarray(energy_per_step_J, dtype=float), np.asarray(time_per_step_s, dtype=float)
+        if self.selector == "energy":
+            return energy_J
+        if self.selector == "time":
+            return time_s
+        if self.selector == "zeus_cost":
+            max_power_W = top_limit_W * self.max_power_ranks
+            return self.eta_knob * energy_J + (1.0 - self.eta_knob) * max_power_W * time_s
+        if top_time_per_step_s is None:
+            raise ValueError("the max-slowdown cost needs the time per step at the highest profiled limit")
+        return time_s / top_time_per_step_s
+
+
+class ExhaustiveSweep:
+    """Zeus's search: every limit of the grid, highest first; the choice is the selector's (``objective``)."""
+
+    name = "exhaustive"
+    needs_measurements = False
+
+    def __init__(self, grid: list[int], objective: Objective | None = None) -> None:
+        if not grid:
+            raise ValueError("the limit grid is empty")
+        self.grid = sorted(grid, reverse=True)
+        self.objective = objective
+
+    def choose(self, profiled: Mapping[int, LimitProfile]) -> int:
+        """The limit to train at (W): Zeus's selector over the profiled limits."""
+        if self.objective is None:
+            raise ValueError("ExhaustiveSweep.choose needs the objective (pass `objective`)")
+        return self.objective.select(sorted(profiled.values(), key=lambda p: p.limit_W, reverse=True))
+
+    def next_limit(self, profiled: Mapping[int, LimitProfile | None]) -> int | None:
+        """The next limit to profile (None: done). ``profiled`` may hold limits whose values are pending."""
+        return next((limit for limit in self.grid if limit not in profiled), None)
+
+    def plan(self) -> dict:
+        return {"search": self.name, "first_limits_W": list(self.grid), "min_limits": len(self.grid),
+                "max_limits": len(self.grid), "calibration_windows": 0, "repeat_budget": 0}
+
+    def fell_back(self, profiled: Mapping[int, LimitProfile | None]) -> bool:
+        return False
+
+
+class AdaptiveSearch:
+    """Fewer profiled limits by branch and bound on monotonic time and power; repeats settle near-ties.
+
+    Order: the maximum limit (as Zeus starts), the same limit again (no limit change: it measures the
+    run-to-run noise), the minimum; then, while anything could still beat the best profiled limit by more
+    than ``tolerance`` (allowing for noise), the most promising of:
+
+    - a gap between two profiled limits ``lo < hi`` holding unprofiled ones: its lower bound on the cost
+      (time per step at least ``T(hi)``, mean power at least ``P(lo)``, each less its noise margin) is
+      below the best cost; its middle limit is profiled;
+    - a profiled limit whose cost is within noise of the best: the one of the pair with fewer windows is
+      profiled again (a limit gets at most ``1 + max_repeats`` windows).
+
+    For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
+    limit whose time is within noise of the threshold. Profiles that break monotonic time (or, for cost
+    selectors, power) by more than :data:`FALLBACK_Z` standard deviations make it fall back to Zeus's
+    exhaustive sweep. :meth:`choose` is always Zeus's selector over the profiled limits.
+
+    Args:
+        grid: the candidate limits (W).
+        objective: what is minimised (or, for max slowdown, the time constraint).
+        tolerance: a pick within this fraction of the optimum is good enough: gaps and rivals that cannot
+            beat the best by more are not profiled.
+        noise: the assumed relative standard deviation of one window's energy and time (pooled with
+            what repeated windows show).
+        max_repeats: most extra windows per limit.
+    """
+
+    name = "adaptive"
+    needs_measurements = True
+
+    def __init__(self, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
+                 noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
+                 repeat_budget: int = DEFAULT_REPEAT_BUDGET) -> None:
+        if not grid:
+            raise ValueError("the limit grid is empty")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
+            raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise < 0.5:
+            raise ValueError(f"`noise` must be a number in [0, 0.5), got {noise!r}")
+        if isinstance(max_repeats, bool) or not isinstance(max_repeats, int) or max_repeats < 0:
+            raise ValueError(f"`max_repeats` must be an integer >= 0, got {max_repeats!r}")
+        self.grid = sorted(grid, reverse=True)
+        self.objective = objective
+        self.tolerance = float(tolerance)
+        self.noise = float(noise)
+        self.max_repeats = max_repeats
+        if isinstance(repeat_budget, bool) or not isinstance(repeat_budget, int) or repeat_budget < 0:
+            raise ValueError(f"`repeat_budget` must be an integer >= 0, got {repeat_budget!r}")
+        self.repeat_budget = repeat_budget
+        self._repeats_left = repeat_budget
+        self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
+
+    def plan(self) -> dict:
+        calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
+        return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
+                "max_limits": len(self.grid), "calibration_windows": calibration,
+                "repeat_budget": self.repeat_budget if self.max_repeats > 0 else 0}
+
+    # ---------------------------------------------------------------- noise
+    def noise_level(self, profiled: Mapping[int, LimitProfile]) -> float:
+        """Relative standard deviation of one window: repeated windows' spread pooled with the prior."""
+        squares, dof = 0.0, 0.0
+        for p in profiled.values():
+            windows = p.window_figures()
+            if len(windows) < 2:
+                continue
+            for column in (0, 1):  # energy and time per step
+                values = np.array([w[column] / w[2] for w in windows], dtype=float)
+                squares += float(np.sum((values / values.mean() - 1.0) ** 2))
+                dof += len(values) - 1
+        return math.sqrt((squares + PRIOR_DOF * self.noise**2) / (dof + PRIOR_DOF))
+
+    # ---------------------------------------------------------------- the next window
+    def next_limit(self, profiled: Mapping[int, LimitProfile | None]) -> int | None:
+        """The next limit to profile, possibly one already profiled (a repeat); None when done.
+
+        Every value in ``profiled`` must be known (merged windows of each limit)."""
+        if any(p is None for p in profiled.values()):
+            raise ValueError("the adaptive search needs the measurements of every profiled limit")
+        self._repeats_left = self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
+        top = self.grid[0]
+        if top not in profiled:
+            return top
+        if self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1 and profiled[top].window_count < 2:
+            return top  # the same limit again: the run-to-run noise, without a limit change
+        bottom = self.grid[-1]
+        if bottom not in profiled:
+            return bottom
+        if self.fell_back(profiled):
+            rest = next((limit for limit in self.grid if limit not in profiled), None)
+            return rest if rest is not None else self._settle(profiled)
+        if self.objective.is_threshold:
+            return self._threshold_step(profiled)
+        return self._cost_step(profiled)
+
+    def _margin(self, sigma: float, p: LimitProfile) -> float:
+        return GAP_Z * sigma / math.sqrt(p.window_count)
+
+    def _can_repeat(self, p: LimitProfile) -> bool:
+        return p.window_count < 1 + self.max_repeats and self._repeats_left > 0
+
+    def _cost_step(self, profiled: Mapping[int, LimitProfile], gaps: bool = True) -> int | None:
+        """The most promising window: a gap's middle limit (``gaps``) or a repeat of a near-tie; None: done."""
+        done = [profiled[limit] for limit in sorted(profiled)]
+        costs = self.objective.costs(done)
+        best = min(reversed(done), key=lambda p: costs[p.limit_W])  # ties: the highest limit, as Zeus's selectors
+        best_cost = costs[best.limit_W]
+        sigma = self.noise_level(profiled)
+        top = done[-1]
+        actions = []  # (possible gain beyond the tolerance, limit to profile)
+        for lo, hi in zip(done, done[1:]) if gaps else ():
+            inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
+            if not inside:
+                continue
+            power_W = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
+            time_s = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
+            bound = float(self.objective.cost_of(power_W * time_s, time_s, top.limit_W, top.time_per_step_s))
+            gain = (best_cost - bound) / best_cost - self.tolerance
+            if gain > 0:
+                middle = (lo.limit_W + hi.limit_W) / 2
+                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit))))
+        for p in done:
+            if p is best:
+                continue
+            spread = sigma * math.hypot(best_cost / math.sqrt(best.window_count),
+                                        costs[p.limit_W] / math.sqrt(p.window_count))
+            gain = (best_cost - costs[p.limit_W] + CONFIDENCE_Z * spread) / best_cost - self.tolerance
+            again = min((q for q in (best, p) if self._can_repeat(q)), key=lambda q: q.window_count, default=None)
+            if gain > 0 and again is not None:
+                actions.append((gain, again.limit_W))
+        return max(actions)[1] if actions else None
+
+    def _settle(self, profiled: Mapping[int, LimitProfile]) -> int | None:
+        """After the exhaustive fallback has profiled everything: only near-ties are repeated."""
+        if self.objective.is_threshold:
+            return self._threshold_repeat(profiled)
+        return self._cost_step(profiled, gaps=False)
+
+    def _threshold_step(self, profiled: Mapping[int, LimitProfile]) -> int | None:
+        limit_time_s = self.objective.max_slowdown_factor * profiled[self.grid[0]].time_per_step_s
+        feasible = min(limit for limit, p in profiled.items() if p.time_per_step_s <= limit_time_s)
+        below = max((limit for limit in profiled if limit < feasible), default=None)
+        if below is not None:
+            inside = [limit for limit in self.grid if below < limit < feasible]
+            if inside:
+                middle = (below + feasible) / 2
+                return min(inside, key=lambda limit: (abs(limit - middle), -limit))
+        return self._threshold_repeat(profiled)
+
+    def _threshold_repeat(self, profiled: Mapping[int, LimitProfile]) -> int | None:
+        """A limit whose time is within noise of the constraint, profiled again (the boundary pair only)."""
+        limit_time_s = self.objective.max_slowdown_factor * profiled[self.grid[0]].time_per_step_s
+        sigma = self.noise_level(profiled)
+        feasible = min(limit for limit, p in profiled.items() if p.time_per_step_s <= limit_time_s)
+        below = max((limit for limit in profiled if limit < feasible), default=None)
+        doubtful = []
+        for limit in (feasible, below):
+            if limit is None or limit == self.grid[0]:
+                continue
+            p = profiled[limit]
+            distance = abs(p.time_per_step_s / limit_time_s - 1.0)
+            if distance < CONFIDENCE_Z * sigma * math.sqrt(1.0 / p.window_count + 1.0) and self._can_repeat(p):
+                doubtful.append((p.window_count, -limit))
+        return -min(doubtful)[1] if doubtful else None
+
+    def fell_back(self, profiled: Mapping[int, LimitProfile | None]) -> bool:
+        """True once the profiles break monotonic time (or, for cost selectors, mean power) beyond noise:
+        the bounds do not hold, and the search profiles everything (Zeus's sweep)."""
+        done = [profiled[limit] for limit in sorted(profiled) if profiled[limit] is not None]
+        if len(done) < 2:
+            return False
+        sigma = self.noise_level({p.limit_W: p for p in done})
+        for lo, hi in zip(done, done[1:]):
+            slack = FALLBACK_Z * sigma * math.sqrt(1.0 / lo.window_count + 1.0 / hi.window_count)
+            if hi.time_per_step_s > lo.time_per_step_s * (1.0 + slack):
+                return True
+            if not self.objective.is_threshold and hi.mean_power_W < lo.mean_power_W * (1.0 - slack):
+                return True
+        return False
+
+    def choose(self, profiled: Mapping[int, LimitProfile]) -> int:
+        """The limit to train at (W): Zeus's selector over the profiled limits (never an unprofiled one)."""
+        return self.objective.select(sorted(profiled.values(), key=lambda p: p.limit_W, reverse=True))
+
+
+def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
+                noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
+                repeat_budget: int = DEFAULT_REPEAT_BUDGET):
+    if name == "exhaustive":
+        return ExhaustiveSweep(grid, objective)
+    if name == "adaptive":
+        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget)
+    raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------- files

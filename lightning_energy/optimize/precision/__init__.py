@@ -1,0 +1,1 @@
+"""Training precision: the modes, the loss probe, the report."""

@@ -1,0 +1,405 @@
+"""TensorBoard extras: a custom-scalars layout (loss beside energy), a per-epoch power figure, and the
+end-of-fit report in the HParams tab (energy totals as metrics, so runs sort by energy) and the Text tab.
+
+The layout, the figure (drawn with matplotlib's Agg canvas, never pyplot) and the writers' flush run
+on a background :class:`~lightning_energy.outputs.worker.OutputWorker`: :meth:`TensorBoardExtras.after_epoch`
+on the training thread only hands references over. A writer that fails (a full disk under its flush,
+a log dir made read-only) becomes one line in :attr:`TensorBoardExtras.problems` and one warning; the
+extras then leave that writer alone and training goes on.
+
+The report goes to TensorBoard once, at the end of fit (:meth:`TensorBoardExtras.write_report`). TensorBoard's
+HParams plugin keeps the first hparams summary of a run, and Lightning writes one at fit start (metric
+``hp_metric = -1`` unless told otherwise), so for a fit the extras ask each TensorBoardLogger not to write that
+placeholder (:meth:`TensorBoardExtras.take_over_hparams`) and write the only hparams summary at fit end:
+the logger's hyperparameters, how the energy was obtained (``Energy_how``: measured / estimated / simulated)
+and the metrics in :data:`REPORT_METRICS` plus the run's loss, ``hp_metric`` and carbon tags when logged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+from lightning_energy.outputs.worker import DEFAULT_CLOSE_TIMEOUT_S, OutputWorker, describe_error
+from lightning_energy.provenance import UNKNOWN, combine, word
+from lightning_energy.measure.sampler import Reading
+
+MAX_FIGURE_POINTS = 4000  # per epoch; older points are thinned by half when exceeded
+FIGURE_TAG = "power/trace"
+# At most this fraction of the wall time since the first epoch end goes into drawing figures (the
+# drawing thread shares the interpreter lock with training): an epoch whose figure would exceed it
+# gets none. Epochs of seconds or more all get their figure; thousands of millisecond epochs do not.
+MIN_FIGURE_SAMPLES = 10  # an epoch with fewer samples gets no power figure (half a second at 20 Hz)
+FLUSH_INTERVAL_S = 1.0  # writers flushed at most this often when there is no figure to write
+FIGURE_BUDGET = 0.01
+#: HParams metrics written at fit end: TensorBoard tag -> key of the energy report (J, s, W)
+REPORT_METRICS = {
+    "report/energy_total_J": "total_J",
+    "report/energy_train_J": "train_J",
+    "report/energy_validation_J": "validation_J",
+    "report/duration_s": "duration_s",
+    "report/mean_power_W": "mean_power_W",
+}
+REPORT_TEXT_TAG = "lightning-energy/report"
+#: the HParams column saying how the joules were obtained; capitalised so TensorBoard, which sorts the columns
+#: and shows the first few, shows it first
+ENERGY_HOW_HPARAM = "Energy_how"
+#: tags logged by other callbacks or the module that the HParams table shows when the run has them
+EXTRA_HPARAM_METRICS = ("carbon/total_gCO2e", "hp_metric")
+
+
+class EpochPowerRecorder:
+    """A sampler listener keeping this epoch's power per sensor (W), thinned to a bounded size."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, dict[str, float]]] = []
+
+    def start_epoch(self) -> None:
+        self.points = []
+
+    def take(self) -> list[tuple[float, dict[str, float]]]:
+        points, self.points = self.points, []
+        return points
+
+    def __call__(self, t: float, readings: list[Reading]) -> None:
+        points = self.points
+        points.append((t, {r.name: r.power_W for r in readings if math.isfinite(r.power_W)}))
+        if len(points) > MAX_FIGURE_POINTS:
+            del points[::2]
+
+
+class TensorBoardExtras:
+    """Writes the layout once and the power figure each epoch to every TensorBoard writer, off the training thread.
+
+    Args:
+        writers: ``SummaryWriter``-like objects (``add_custom_scalars``, ``add_image``, ``flush``).
+        worker: the background worker (default: a new one, started on the first epoch end).
+        figure_budget: the fraction of wall time figures may take (``None``: a figure every epoch).
+        warn: warn once per problem besides recording it in :attr:`problems`.
+
+    Call :meth:`close` at the end of the fit (before the loggers finalize): it drains the queued work
+    within a bound. :meth:`for_trainer` also makes each writer's ``close`` (called by the logger's
+    ``finalize``) drain first, so a run whose callback does not call :meth:`close` loses nothing.
+    """
+
+    def __init__(self, writers: list, worker: OutputWorker | None = None, figure_budget: float | None = FIGURE_BUDGET,
+                 warn: bool = True) -> None:
+        self.writers = list(writers)
+        self.layout_written = False
+        self.worker = worker if worker is not None else OutputWorker("lightning-energy-tensorboard", warn=warn)
+        self.figure_budget = figure_budget
+        self.figures_drawn = 0
+        self.figures_skipped = 0  # over the drawing budget, or replaced by a newer epoch's figure before drawn
+        self.notes: list[str] = []  # what is left out by design (not a fault): skipped figures
+        self.figures_too_short = 0  # epochs with fewer than MIN_FIGURE_SAMPLES samples: no figure
+        self._last_flush = -math.inf
+        self.figure_s = 0.0  # seconds spent drawing and writing figures (worker thread)
+        self._first_epoch_end: float | None = None
+        # sensor name -> "measured" / "estimated" / "simulated": the power figure labels each curve with it
+        self.sensor_provenance: dict[str, str] = {}
+        self._broken: set[int] = set()  # id() of writers that failed: left alone from then on
+        self._hooks: list[tuple[object, object]] = []  # (writer, our close wrapper)
+        self._closed = False
+        self.loggers: list = []  # the TensorBoardLoggers of the writers (for_trainer), same order
+        self._hp_metric_defaults: list[tuple[object, bool]] = []  # (logger, its default_hp_metric) taken over
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per failed writer or job, and what is missing from TensorBoard because of it."""
+        return self.worker.problems
+
+    @classmethod
+    def for_trainer(cls, trainer, **kwargs) -> "TensorBoardExtras | None":
+        """Extras for the trainer's TensorBoard loggers (None without one); keyword arguments as for the class."""
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers = [lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+        if not loggers:
+            return None
+        extras = cls([lg.experiment for lg in loggers], **kwargs)
+        extras.loggers = loggers
+        for writer in extras.writers:
+            extras._drain_before_close(writer)
+        return extras
+
+    def _drain_before_close(self, writer) -> None:
+        """Make ``writer.close()`` (Lightning's logger ``finalize`` calls it when the run ends, after the
+        callbacks' teardown) write this object's queued work first, so nothing reaches a closed writer.
+        Undone by :meth:`close`. (The writer, unlike its logger, is never pickled.)"""
+        original = getattr(writer, "close", None)
+        if original is None:
+            return
+
+        def close(*args, **kwargs):
+            self.close()
+            return original(*args, **kwargs)
+
+        try:
+            writer.close = close
+        except (AttributeError, TypeError):
+            return
+        self._hooks.append((writer, close))
+
+    # ---------------------------------------------------------------- the training thread: references only
+    def after_epoch(self, trainer, epoch: int, power_points) -> None:
+        """Queue this epoch's outputs (the layout the first time, the power figure, a flush); never waits."""
+        if self._closed or not self.writers:
+            return
+        worker = self.worker
+        if not self.layout_written:
+            self.layout_written = True
+            worker.submit(self._write_layout, list(trainer.logged_metrics), what="TensorBoard layout")
+        now = time.perf_counter()
+        if self._first_epoch_end is None:
+            self._first_epoch_end = now
+        if power_points is not None and len(power_points) < MIN_FIGURE_SAMPLES:
+            self.figures_too_short += 1  # a few samples make no picture (one-batch epochs of milliseconds)
+        elif power_points:
+            budget = self.figure_budget
+            if budget is not None and self.figures_drawn and self.figure_s > budget * (now - self._first_epoch_end):
+                self.figures_skipped += 1
+            else:
+                worker.submit(self._write_figure, power_points, epoch, what="power figure", key="power figure")
+                self._last_flush = now
+                return  # the figure job flushes
+        if now - self._last_flush >= FLUSH_INTERVAL_S:  # short epochs: at most one flush a second
+            self._last_flush = now
+            worker.submit(self._flush, what="TensorBoard flush", key="flush")
+
+    # ---------------------------------------------------------------- the worker thread
+    def _live_writers(self) -> list:
+        return [w for w in self.writers if id(w) not in self._broken]
+
+    def _each_writer(self, action: str, call) -> None:
+        for writer in self._live_writers():
+            self._guarded(writer, action, call)
+
+    def _guarded(self, writer, action: str, call) -> None:
+        """``call(writer)``; a failure marks the writer broken and becomes one line in :attr:`problems`."""
+        try:
+            call(writer)
+        except Exception as err:  # a full disk, a read-only log dir, a closed writer: never training's problem
+            self._broken.add(id(writer))
+            where = getattr(writer, "log_dir", None) or (writer.get_logdir() if hasattr(writer, "get_logdir")
+                                                         else repr(writer))
+            self.worker.record(f"tensorboard writer {id(writer)}",
+                               f"TensorBoard writer at {where}: {action} failed ({describe_error(err)}); "
+                               "later power figures, the layout and the report are missing there")
+
+    def _write_layout(self, metric_names: list[str]) -> None:
+        layout = custom_scalars_layout(training_loss_tags(metric_names), validation_loss_tags(metric_names))
+        self._each_writer("writing the custom-scalars layout", lambda w: w.add_custom_scalars(layout))
+
+    def _write_figure(self, points, epoch: int) -> None:
+        if not self._live_writers():
+            return
+        started = time.perf_counter()
+        try:
+            figure = power_figure(points, epoch, self.sensor_provenance)
+            image = figure_image(figure)
+            self._each_writer(f"adding the epoch {epoch} power figure",
+                              lambda w: w.add_image(FIGURE_TAG, image, global_step=epoch, dataformats="HWC"))
+            self.figures_drawn += 1
+            self._each_writer("flushing", lambda w: w.flush())
+        finally:
+            self.figure_s += time.perf_counter() - started
+
+    def _flush(self) -> None:
+        self._each_writer("flushing", lambda w: w.flush())
+
+    # ---------------------------------------------------------------- the report, at the end of fit
+    def take_over_hparams(self) -> None:
+        """At fit setup: ask each TensorBoardLogger not to write its ``hp_metric = -1`` hparams summary at fit
+        start (TensorBoard keeps a run's first one), so :meth:`write_report`'s summary is the one shown.
+        The logger still records the hyperparameters (``hparams.yaml``); undone by :meth:`close`."""
+        for lg in self.loggers:
+            if getattr(lg, "_default_hp_metric", None) is True:
+                lg._default_hp_metric = False
+                self._hp_metric_defaults.append((lg, True))
+
+    def write_report(self, trainer, report: dict) -> None:
+        """Write the report to every live writer, on the calling thread (at fit end, once): the report's
+        totals as HParams metrics (and scalars, at the last global step) beside the logger's hyperparameters,
+        and the console table as text. Failures are recorded in :attr:`problems`, never raised."""
+        if not self.writers:
+            return
+        step = int(getattr(trainer, "global_step", 0))
+        values = {tag: float(report[key]) for tag, key in REPORT_METRICS.items()
+                  if isinstance(report.get(key), (int, float)) and math.isfinite(report[key])}
+        logged = list(getattr(trainer, "logged_metrics", {}) or {})
+        existing = [*validation_loss_tags(logged), *epoch_loss_tags(logged),
+                    *(tag for tag in EXTRA_HPARAM_METRICS if tag in logged)]
+        # TensorBoard shows the first few metric columns: the total energy, then the losses beside it
+        first = [tag for tag in values if tag == "report/energy_total_J"]
+        metric_tags = [*first, *(t for t in existing if t not in values), *(t for t in values if t not in first)]
+        text = report_markdown(report)
+        for index, writer in enumerate(self.writers):
+            if id(writer) in self._broken:
+                continue
+            logger_params = getattr(self.loggers[index], "hparams", {}) if index < len(self.loggers) else {}
+            params = {ENERGY_HOW_HPARAM: energy_how(report), **hparam_values(logger_params)}
+            self._guarded(writer, "writing the report (HParams, text)",
+                          lambda w, p=params: _write_report(w, p, values, metric_tags, text, step))
+
+    # ---------------------------------------------------------------- end of fit
+    def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> bool:
+        """Write what is queued (at most ``timeout_s``) and stop; never raises. True when all was written."""
+        for writer, wrapper in self._hooks:
+            if getattr(writer, "__dict__", {}).get("close") is wrapper:
+                del writer.close
+        self._hooks = []
+        for lg, default in self._hp_metric_defaults:
+            lg._default_hp_metric = default
+        self._hp_metric_defaults = []
+        if self._closed:
+            return self.worker.pending() == 0
+        self._closed = True
+        finished = self.worker.close(timeout_s)
+        skipped = self.figures_skipped + self.worker.dropped.get("power figure", 0)
+        if skipped:
+            budget = ("" if self.figure_budget is None
+                      else f"drawing is kept under {self.figure_budget:.0%} of the run's time; ")
+            self.notes.append(f"power figure: {skipped} epoch(s) have none ({budget}a newer epoch's figure replaces "
+                              f"one not drawn yet); {self.figures_drawn} drawn")
+        if self.figures_too_short:
+            self.notes.append(f"power figure: {self.figures_too_short} epoch(s) have none (fewer than "
+                              f"{MIN_FIGURE_SAMPLES} samples: too short for a picture); their power is in the trace")
+        return finished
+
+
+def training_loss_tags(logged_metrics) -> list[str]:
+    """The module's training-loss metric names (anything with 'loss' not from validation or test)."""
+    return sorted(k for k in logged_metrics if "loss" in k.lower() and not re.match(r"(val|valid|validation|test)\b|(val|test)[/_]", k))
+
+
+def validation_loss_tags(logged_metrics) -> list[str]:
+    """The module's validation-loss metric names (``val/loss``, ``val_loss``, ``validation/loss`` ...)."""
+    return sorted(k for k in logged_metrics if "loss" in k.lower() and re.match(r"(val|valid|validation)([/_]|\b)", k))
+
+
+def epoch_loss_tags(logged_metrics) -> list[str]:
+    """Training-loss names logged per epoch (``..._epoch``), or all training-loss names when none is."""
+    tags = training_loss_tags(logged_metrics)
+    return [t for t in tags if t.endswith("epoch")] or tags
+
+
+def _exact(tags) -> list[str]:
+    return [f"^{re.escape(tag)}$" for tag in tags]
+
+
+def custom_scalars_layout(loss_tags: list[str], val_loss_tags: list[str] = ()) -> dict:
+    """Loss beside energy, in pairs (one category each, its charts side by side), and the epoch totals.
+
+    Each chart holds one quantity, so its series are the runs, coloured as in the run selector (TensorBoard
+    colours a custom-scalars series by run: two quantities in one chart would share a colour).
+    """
+    def loss_charts(tags, fallback: str) -> dict:
+        return {tag: ["Multiline", _exact([tag])] for tag in tags} or {fallback: ["Multiline", [fallback]]}
+
+    return {
+        "lightning-energy 1: training loss | energy per step": {
+            **loss_charts(loss_tags, r"^(?!val|test).*loss"),
+            "energy per step (J)": ["Multiline", [r"^energy/step_J$"]],
+            "power per step (W)": ["Multiline", [r"^power/step_W$"]],
+        },
+        "lightning-energy 2: validation loss | validation energy": {
+            **loss_charts(val_loss_tags, r"^val.*loss"),
+            "validation energy per epoch (J)": ["Multiline", [r"^energy/val_epoch_J$"]],
+        },
+        "lightning-energy 3: epochs": {
+            "training energy per epoch (J)": ["Multiline", [r"^energy/epoch_J$"]],
+            "total energy (J)": ["Multiline", [r"^energy/total_J$"]],
+            "power per epoch (W)": ["Multiline", [r"^power/epoch_W$"]],
+        },
+    }
+
+
+def energy_how(report: dict) -> str:
+    """How the report's joules were obtained: ``measured``, ``estimated``, ``simulated`` or a mix (``+``)."""
+    from lightning_energy.provenance import of_report
+
+    return of_report(report)
+
+
+def report_markdown(report: dict) -> str:
+    """The end-of-fit console table as TensorBoard text (markdown: a code block keeps the columns)."""
+    from lightning_energy.outputs.report import format_report
+
+    table = format_report(report)
+    return (f"**lightning-energy report** ({energy_how(report)}): {report['total_J']:.2f} J over "
+            f"{report['duration_s']:.2f} s; the figures per sensor and the totals:\n\n"
+            + "\n".join("    " + line for line in table.splitlines()))
+
+
+def hparam_values(params) -> dict:
+    """Hyperparameters as TensorBoard's HParams plugin takes them: nested keys joined with ``/``, numbers,
+    strings and booleans kept, anything else (lists, None, objects) as its ``str``; keys starting with ``_`` are
+    left out."""
+    out: dict = {}
+
+    def visit(prefix: str, value) -> None:
+        if isinstance(value, dict) or hasattr(value, "items") and callable(value.items):
+            for key, inner in value.items():
+                if not str(key).startswith("_"):  # Lightning's own bookkeeping (`_instantiator`, `_class_path`)
+                    visit(f"{prefix}/{key}" if prefix else str(key), inner)
+        elif isinstance(value, (bool, int, float, str)):
+            out[prefix] = value
+        else:
+            out[prefix] = str(value)
+
+    visit("", dict(params or {}))
+    return out
+
+
+def _write_report(writer, params: dict, values: dict, metric_tags: list[str], text: str, step: int) -> None:
+    """One writer: the hparams summary (experiment, session start and end), the metrics' values, the text."""
+    from torch.utils.tensorboard.summary import hparams
+
+    experiment, start, end = hparams(params, dict.fromkeys(metric_tags, 0.0))  # the summary takes names only
+    file_writer = writer._get_file_writer()
+    for summary in (experiment, start, end):
+        file_writer.add_summary(summary, step)
+    for tag, value in values.items():
+        writer.add_scalar(tag, value, step)
+    writer.add_text(REPORT_TEXT_TAG, text, step)
+    writer.flush()
+
+
+def power_figure(points, epoch: int, sensor_provenance: dict[str, str] | None = None):
+    """Power of each sensor (W) over the epoch's seconds: a ``matplotlib.figure.Figure`` on an Agg canvas.
+
+    Each curve and the title say where the joules come from (``sensor_provenance``: sensor name ->
+    measured / estimated / simulated; a sensor missing there is "provenance unknown"). Built without pyplot (no global figure manager, no GUI backend), so any thread may draw it.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    provenance = sensor_provenance or {}
+    t0 = points[0][0]
+    names = sorted({name for _, powers in points for name in powers})
+    figure = Figure(figsize=(7, 3.2))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for name in names:
+        xs = [t - t0 for t, p in points if name in p]
+        ys = [p[name] for _, p in points if name in p]
+        axes.plot(xs, ys, label=f"{name} ({word(provenance.get(name, UNKNOWN))})", linewidth=1)
+    axes.set_xlabel("seconds since epoch start")
+    axes.set_ylabel("power (W)")
+    overall = combine(provenance.get(name, UNKNOWN) for name in names)
+    axes.set_title(f"epoch {epoch} power, {word(overall)}")
+    if names:
+        axes.legend(loc="best", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def figure_image(figure):
+    """The figure rendered by its Agg canvas: an RGB ``uint8`` array, height x width x 3."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[:, :, :3].copy()

@@ -1,0 +1,1 @@
+"""Prediction: the in-run forecast, the pre-run estimate, FLOPs and device peaks."""
