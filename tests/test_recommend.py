@@ -262,7 +262,8 @@ def test_target_forms():
 def test_dry_run_lists_the_levers(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(BALER_LIKE))
-    assert main(["recommend", "--config", str(config), "--target", "val/loss=0.1", "--dry-run"]) == 0
+    assert main(["recommend", "--config", str(config), "--target", "val/loss=0.1", "--cli", "user.cli",
+                 "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "dtype" in out and "float64 -> float32" in out and "power limit: not explored" in out
 
@@ -400,7 +401,8 @@ def test_config_runner_applies_the_power_limit_and_reads_the_catalog_record(tmp_
     assert eta["budget_J"] == 50.0 and written["trainer"]["default_root_dir"] == str(tmp_path / "runs" / "r001_pl")
     (tmp_path / "runs" / "r001_pl" / "energy_report.json").write_text(
         '{"sensors": [{"name": "cpu_estimate", "failure": "read did not return within 2 s (hung)"}]}')
-    assert sensor_failures(tmp_path / "runs" / "r001_pl") == "cpu_estimate failed: read did not return within 2 s (hung)"
+    failure = sensor_failures(tmp_path / "runs" / "r001_pl")
+    assert failure == "cpu_estimate failed: read did not return within 2 s (hung)"
     assert sensor_failures(tmp_path / "nowhere") is None
     crashed = runner({}, "r002_crash", None)
     assert not crashed.reached and crashed.stopped == ("failed: exit code 1, no catalog record: "
@@ -439,3 +441,11 @@ def test_compile_model_compiles_the_layers_with_parameters_once():
     assert module.encoder._compiled_call_impl is not None and module.decoder._compiled_call_impl is not None
     assert module.criterion._compiled_call_impl is None
     assert list(module.state_dict()) == list(TinyAutoencoder().state_dict())  # checkpoint keys unchanged
+
+
+def test_a_config_without_class_path_needs_its_cli(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(BALER_LIKE))
+    assert main(["recommend", "--config", str(config), "--target", "val/loss=0.1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cli" in err and "class_path" in err

@@ -67,6 +67,10 @@ def run(args) -> int:
         base = load_configs(args.config)
     except ConfigError as err:
         raise CommandError(str(err)) from None
+    model = base.get("model")
+    if args.cli is None and not (isinstance(model, dict) and "class_path" in model):
+        raise CommandError("the config's model has no class_path, so the plain LightningCLI cannot build it: give "
+                           "the LightningCLI module that reads this config with --cli (e.g. --cli baler_lit.cli)")
     if args.max_epochs is not None:
         set_path(base, "trainer.max_epochs", args.max_epochs)
     device = _device(base)
