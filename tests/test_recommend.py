@@ -105,8 +105,9 @@ def test_the_search_recommends_the_cheapest_combination_and_stops_the_bad_one_ea
     outcomes = {name: outcome for trial in result.trials for name, outcome in trial.runs}
     assert [name for _, name, _ in runner.calls] == result.order
     baseline_J = best = outcomes["r000_baseline"].energy_J
-    for settings, name, budget in runner.calls[1:]:
-        expected = None if settings == {} else baseline_J if len(settings) == 1 else 2.0 * best
+    screening = 1 + 11  # the baseline, then the 11 alternatives once each
+    for index, (settings, name, budget) in enumerate(runner.calls[1:], start=1):
+        expected = None if settings == {} else baseline_J if index < screening else 2.0 * best
         assert budget == (expected if expected is None else pytest.approx(expected, rel=1e-12))
         best = min(best, outcomes[name].energy_J) if outcomes[name].reached else best
     # bf16 (5x the baseline's energy) passed the budget: stopped at it, never repeated
@@ -119,7 +120,10 @@ def test_the_search_recommends_the_cheapest_combination_and_stops_the_bad_one_ea
     without_dtype = confirmed.pop("batch_size=128, lr=0.003, shuffle=True")
     assert len(without_dtype.runs) == 1 and without_dtype.lost.startswith("energy budget")
     assert len(confirmed) == 1 + len(CHEAPEST) and all(len(t.runs) == 2 for t in confirmed.values())
-    assert result.runs == 1 + 11 + 1 + 2 + 2 * len(CHEAPEST) - 1  # baseline + 11 screened; confirmation
+    # the best single change (0.4x) is confirmed too: at 2.5x the winners' energy its run stops at the budget
+    best_single = next(t for t in result.trials if t.settings == {"dtype": "float32"})
+    assert len(best_single.runs) == 2 and best_single.runs[1][1].stopped == "energy budget"
+    assert result.runs == 1 + 11 + 1 + 2 + 2 * len(CHEAPEST) - 1 + 1  # baseline + 11 screened; confirmation
     rows = {r["config"]: r for r in result.rows()}
     best_row = rows["dtype=float32, batch_size=128, lr=0.003, shuffle=True"]
     assert best_row["status"] == "recommended" and best_row["provenance"] == "simulated"

@@ -24,12 +24,13 @@ epochs and wins later, so successive halving on partial runs would cut the winne
    order, so a drift of a shared machine spreads over every configuration instead of lining up with one.
 3. *Combine the winners* (confirmation): per lever, the best value whose every run beat every baseline
    run; all the winners together, that combination with each winner left out (which says what each
-   lever adds in company: the ablation) and the baseline, topped up to ``repeats`` (R) runs each, in one
-   random order. With one winner, it and the baseline are topped up.
+   lever adds in company: the ablation), the best single change (levers interact: a smaller batch may
+   want nothing else) and the baseline, topped up to ``repeats`` (R) runs each, in one random order.
+   With one winner, it and the baseline are topped up.
 4. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
    energy to target.
 
-That is at most ``S·(1 + A) + R·(2 + W) - S`` runs (A alternatives, W winners): 20 for A = 10, W = 3,
+That is at most ``S·(1 + A) + R·(3 + W) - 2S`` runs (A alternatives, W winners): 21 for A = 10, W = 3,
 S = 1, R = 2; a full grid of the same levers would be hundreds.
 
 **Stopping bad configurations early.** Every run carries an energy budget, and
@@ -230,7 +231,8 @@ class SearchResult:
         combined = by_settings.get(_key(self.winners)) if len(self.winners) > 1 else None
         effects = []
         for trial in self.trials:
-            if trial.stage != "one lever" or not trial.complete(self.screen_repeats):
+            # alone: its screening runs (a later confirmation run may have been stopped at Zeus's budget)
+            if trial.stage != "one lever" or len(trial.reached_J()) < self.screen_repeats:
                 continue
             (lever, value), = trial.settings.items()
             entry = {"lever": lever, "value": value, "alone_x": base_J / trial.median("energy_J"),
@@ -310,6 +312,10 @@ class Search:
         if len(winners) > 1:
             confirm += [self._trial({k: v for k, v in winners.items() if k != left_out}, "leave one out")
                         for left_out in winners]
+            # levers interact (a smaller batch may want no other change): the best single change competes too
+            screened = [t for t in stage[1:] if t.complete(self.screen_repeats)]
+            if screened:
+                confirm.append(min(screened, key=lambda t: t.median("energy_J")))
         self._run_repeats(confirm, self.repeats)
         trials = list(self.trials.values())
         complete = ([t for t in trials if t.complete(self.repeats)] or

@@ -80,7 +80,7 @@ def run(args) -> int:
     except ValueError as err:
         raise CommandError(str(err)) from None
     alternatives = sum(len(lever.alternatives) for lever in levers)
-    most = screen * (1 + alternatives) + repeats * (2 + len(levers)) - screen
+    most = screen * (1 + alternatives) + repeats * (3 + len(levers)) - 2 * screen
     print(f"target {target}; device {device}; {len(levers)} levers, {alternatives} alternatives; "
           f"{screen} run(s) each screened, {repeats} confirmed; at most {most} runs"
           + (f" (capped at {args.budget_runs})" if args.budget_runs else ""))
