@@ -168,6 +168,14 @@ def test_the_run_budget_caps_the_runs():
     assert result.runs == 5 and result.budget_exhausted
 
 
+def test_confirmation_runs_in_rounds_so_a_short_budget_still_measures_the_combination():
+    # screening: 12 runs; round one of confirmation: baseline, best single, combination, 4 leave-one-out
+    result = Search(baler_levers()[0], CostModelRunner(), repeats=2, screen_repeats=1, budget_runs=12 + 7).run()
+    combined = next(t for t in result.trials if t.stage == "combined")
+    leave_one_out = [t for t in result.trials if t.stage == "leave one out"]
+    assert result.budget_exhausted and len(combined.runs) >= 1 and all(len(t.runs) >= 1 for t in leave_one_out)
+
+
 def test_recommended_yaml_round_trips_with_the_chosen_values():
     levers = {lv.name: lv for lv in baler_levers()[0]}
     settings = {"dtype": "float32", "batch_size": 128, "compile": True}

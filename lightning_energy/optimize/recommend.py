@@ -25,7 +25,8 @@ epochs and wins later, so successive halving on partial runs would cut the winne
 3. *Combine the winners* (confirmation): per lever, the best value whose every run beat every baseline
    run; all the winners together, that combination with each winner left out (which says what each
    lever adds in company: the ablation), the best single change (levers interact: a smaller batch may
-   want nothing else) and the baseline, topped up to ``repeats`` (R) runs each, in one random order.
+   want nothing else) and the baseline, topped up to ``repeats`` (R) runs each, in rounds of one run
+   per configuration in a new random order each round.
    With one winner, it and the baseline are topped up.
 4. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
    energy to target.
@@ -344,10 +345,15 @@ class Search:
         return self.trials.setdefault(_key(settings), Trial(dict(settings), stage))
 
     def _run_repeats(self, trials: list[Trial], repeats: int, against_baseline: bool = False) -> None:
-        """Run every trial up to ``repeats`` runs, all the runs in one random order; each run's budget is
-        the baseline's lowest energy to target (``against_baseline``) or ``beta`` x the best finished."""
-        queue = [t for t in trials for _ in range(repeats - len(t.runs))]
-        self.rng.shuffle(queue)
+        """Run every trial up to ``repeats`` runs, in rounds (each trial one more run per round, in a new random
+        order each round: drift spreads over all, and a run budget that ends the search leaves no trial of
+        the stage unmeasured while another has its repeats); each run's budget is the baseline's lowest
+        energy to target (``against_baseline``) or ``beta`` x the best finished."""
+        queue = []
+        for round_ in range(repeats):
+            members = [t for t in trials if len(t.runs) + sum(q is t for q in queue) < repeats]
+            self.rng.shuffle(members)
+            queue += members
         for trial in queue:
             if trial.lost is not None:
                 self.skipped += 1
