@@ -129,8 +129,9 @@ def fit_figure(attribute: str, points: dict[str, tuple], fits: dict, provenance:
 
 
 def frontier_figure(rows: list[dict], by: str | None, provenance: str) -> bytes:
-    """Energy vs time to target, one colour per group, the Pareto frontier (no run beats it in both) as a line."""
-    fig, axes = _figure()
+    """Energy vs time to target (log-log), one colour per group (legend beside the axes), the Pareto frontier
+    (runs no other beats in both) ringed and joined."""
+    fig, axes = _figure(size=(11.0, 4.8))
     ax = axes[0][0]
     reached = [r for r in rows if r["energy_to_target_J"] is not None]
     for index, group in enumerate(dict.fromkeys(r["group"] for r in reached)):
@@ -138,12 +139,14 @@ def frontier_figure(rows: list[dict], by: str | None, provenance: str) -> bytes:
         ax.plot([r["time_to_target_s"] for r in members], [r["energy_to_target_J"] for r in members],
                 MARKERS[index // 10 % len(MARKERS)], alpha=0.8, label=f"{group} (n={len(members)})")
     edge = sorted((r["time_to_target_s"], r["energy_to_target_J"]) for r in reached if r["on_frontier"])
-    if edge:
-        ax.step([t for t, _ in edge], [e for _, e in edge], where="post", color="black", lw=1.0, ls="--",
-                label="frontier")
+    if edge:  # ringed points joined by a dashed staircase (one point: the ring alone)
+        ax.step([t for t, _ in edge], [e for _, e in edge], where="post", color="black", lw=1.0, ls="--")
+        ax.plot([t for t, _ in edge], [e for _, e in edge], "o", ms=11, mfc="none", mec="black", label="frontier")
     missed = len(rows) - len(reached)
-    title = f"energy vs time to target{f' by {by}' if by else ''}, {word(provenance)}"
-    ax.set(xlabel="time to target (s)", ylabel="energy to target (J)",
-           title=title + (f"; {missed} run(s) did not reach it" if missed else ""))
-    ax.legend(loc="best", fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="time to target (s, log)", ylabel="energy to target (J, log)",
+           title=f"energy vs time to target, {word(provenance)}" + (f"; {missed} run(s) missed it" if missed else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small",
+              title=by, title_fontsize="x-small")
     return render_png(fig)
