@@ -30,6 +30,7 @@ _PUBLIC: dict[str, str] = {
     "BatchSizeSearch": "lightning_energy.callbacks.batch_size",
     "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.zeus_batch_size",
     "EnergyToAccuracy": "lightning_energy.callbacks.energy_to_accuracy",
+    "CompileModel": "lightning_energy.callbacks.compile_model",
     "Sensor": "lightning_energy.measure.sensors.base",
     "SimulatedSensor": "lightning_energy.testing.simulated_sensor",
     "CpuEstimateSensor": "lightning_energy.measure.sensors.cpu_model",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
     from lightning_energy.callbacks.zeus_batch_size import ZeusBatchSizeOptimizer
     from lightning_energy.callbacks.carbon import CarbonCallback
     from lightning_energy.callbacks.catalog import CatalogCallback
+    from lightning_energy.callbacks.compile_model import CompileModel
     from lightning_energy.callbacks.energy import EnergyCallback
     from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
     from lightning_energy.callbacks.flops import FlopsCallback

@@ -4,6 +4,8 @@ The temporary file is created exclusively (``O_EXCL``) under an unpredictable na
 folder (:func:`tempfile.mkstemp`), written, flushed and ``fsync``-ed (a full disk often shows only
 there), given the target's mode (an existing file's, else ``0o666`` less the umask) and renamed over
 the target; on any failure it is removed and the target is left as it was.
+
+Also :func:`read_yaml_config`: a config file read with a size bound and one-line errors.
 """
 
 from __future__ import annotations
@@ -124,3 +126,25 @@ def _json_default(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a YAML config is kilobytes: refuse anything past 1 MiB before parsing it
+
+
+def read_yaml_config(path: str | os.PathLike, what: str, error: type[Exception]):
+    """The YAML document of the config file ``path``; ``error`` with one line naming ``what`` and the problem
+    (missing, over :data:`MAX_CONFIG_BYTES`, unreadable, not YAML)."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {path} does not exist")
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise error(f"{what} {path} has {size} bytes; a config has at most {MAX_CONFIG_BYTES}")
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
+        raise error(f"{what} {path} is not valid YAML: {' '.join(str(err).split())}") from None
+    except OSError as err:
+        raise error(f"cannot read {what} {path}: {err.strerror or err}") from None

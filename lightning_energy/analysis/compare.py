@@ -35,7 +35,8 @@ def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAUL
     for run, key in zip(runs, keys):
         rows.append({"run": run.name, "group": key, "duration_s": run.duration_s, "energy_J": run.total_J,
                      "mean_power_W": run.total_J / run.duration_s if run.duration_s > 0 else None,
-                     "edp_Js": run.edp_Js, "extrapolated_s": run.extrapolated_s, "provenance": run.provenance})
+                     "edp_Js": run.edp_Js, "extrapolated_s": run.extrapolated_s, "provenance": run.provenance,
+                     **to_target(run.attributes)})
         curves_by_group.setdefault(key, []).append(run_curves(run, rate_hz))
     groups = {}
     for key, curves in curves_by_group.items():
@@ -55,5 +56,38 @@ def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAUL
             **{f"{name}_{stat}": float(fn([m[name] for m in members]))
                for name in ("energy_J", "duration_s", "edp_Js") for stat, fn in (("mean", np.mean), ("std", np.std))},
         })
+        reached = [m for m in members if m["energy_to_target_J"] is not None]
+        groups[key]["reached_target"] = len(reached)
+        for name in TO_TARGET:
+            values = [m[name] for m in reached]
+            groups[key].update({f"{name}_mean": float(np.mean(values)) if values else None,
+                                f"{name}_std": float(np.std(values)) if values else None})
+    for index in frontier([(r["time_to_target_s"], r["energy_to_target_J"]) for r in rows]):
+        rows[index]["on_frontier"] = True
     return {"by": by, "rate_hz": rate_hz, "runs": rows, "groups": groups,
             "provenance": combine(r["provenance"] for r in rows)}
+
+
+TO_TARGET = ("energy_to_target_J", "time_to_target_s")  # EnergyToAccuracy's figures, from run_attributes.json
+
+
+def to_target(attributes: dict) -> dict:
+    """A run's energy (J) and time (s) to its EnergyToAccuracy target, None where it did not reach one."""
+    values = {name: attributes.get(name) for name in TO_TARGET}
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in values.values())
+    return {name: float(v) if ok else None for name, v in values.items()} | {"on_frontier": False}
+
+
+def frontier(points: list[tuple[float | None, float | None]]) -> list[int]:
+    """Indexes of the points no other point beats in both time and energy (the Pareto frontier), fastest first.
+
+    ``(time_s, energy_J)`` pairs; a pair with None (no target reached) is never on it. Among equal points
+    the first counts.
+    """
+    ranked = sorted((t, e, i) for i, (t, e) in enumerate(points) if t is not None and e is not None)
+    out, best_energy = [], np.inf
+    for t, e, i in ranked:
+        if e < best_energy:
+            out.append(i)
+            best_energy = e
+    return out

@@ -11,6 +11,7 @@ from lightning_energy.io import atomic_write_bytes
 from lightning_energy.provenance import word
 
 DPI = 110
+MARKERS = "os^Dv"  # a new marker for each further 10 groups (matplotlib cycles 10 colours)
 
 
 def _figure(rows: int = 1, cols: int = 1, size=(8.0, 4.5)):
@@ -125,3 +126,27 @@ def fit_figure(attribute: str, points: dict[str, tuple], fits: dict, provenance:
         ax.legend(loc="best", fontsize="small")
     return render_png(fig)
 
+
+
+def frontier_figure(rows: list[dict], by: str | None, provenance: str) -> bytes:
+    """Energy vs time to target (log-log), one colour per group (legend beside the axes), the Pareto frontier
+    (runs no other beats in both) ringed and joined."""
+    fig, axes = _figure(size=(11.0, 4.8))
+    ax = axes[0][0]
+    reached = [r for r in rows if r["energy_to_target_J"] is not None]
+    for index, group in enumerate(dict.fromkeys(r["group"] for r in reached)):
+        members = [r for r in reached if r["group"] == group]
+        ax.plot([r["time_to_target_s"] for r in members], [r["energy_to_target_J"] for r in members],
+                MARKERS[index // 10 % len(MARKERS)], alpha=0.8, label=f"{group} (n={len(members)})")
+    edge = sorted((r["time_to_target_s"], r["energy_to_target_J"]) for r in reached if r["on_frontier"])
+    if edge:  # ringed points joined by a dashed staircase (one point: the ring alone)
+        ax.step([t for t, _ in edge], [e for _, e in edge], where="post", color="black", lw=1.0, ls="--")
+        ax.plot([t for t, _ in edge], [e for _, e in edge], "o", ms=11, mfc="none", mec="black", label="frontier")
+    missed = len(rows) - len(reached)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set(xlabel="time to target (s, log)", ylabel="energy to target (J, log)",
+           title=f"energy vs time to target, {word(provenance)}" + (f"; {missed} run(s) missed it" if missed else ""))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="x-small",
+              title=by, title_fontsize="x-small")
+    return render_png(fig)

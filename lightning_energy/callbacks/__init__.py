@@ -10,7 +10,8 @@ from lightning_energy.lazy import lazy_names
 
 _CALLBACKS: dict[str, str] = {
     "BatchSampleEstimate": "batch_sample_estimate", "BatchSizeSearch": "batch_size", "ZeusBatchSizeOptimizer": "zeus_batch_size",
-    "CarbonCallback": "carbon", "CatalogCallback": "catalog", "EnergyCallback": "energy",
+    "CarbonCallback": "carbon", "CatalogCallback": "catalog", "CompileModel": "compile_model",
+    "EnergyCallback": "energy",
     "EnergyToAccuracy": "energy_to_accuracy", "ForecastCallback": "forecast", "FlopsCallback": "flops",
     "PowerLimitOptimizer": "power_limit", "PrecisionSwitch": "precision", "EnergyPredictionCheck": "prediction_check",
     "EnergyProfiler": "profiler",

@@ -41,7 +41,10 @@ class CatalogCallback(MeteredCallback):
     resumes), time (s), CO2e (g, with the intensity and PUE of a ``CarbonCallback`` in the Trainer,
     else the labelled world average), final metrics, checkpoint path and config. The log dir gets
     ``run_attributes.json`` (model, precision, batch size and ``config``) for
-    ``lightning-energy compare --by``. Nothing is logged as a metric.
+    ``lightning-energy compare --by``. Nothing is logged as a metric. With an ``EnergyToAccuracy`` in the
+    Trainer, its figures join the record's metrics and the run attributes: ``energy_to_target_J``,
+    ``time_to_target_s``, ``epochs_to_target`` when the target was reached, ``target_budget_exceeded``
+    (1), ``energy_at_give_up_J`` and ``time_at_give_up_s`` when its budget ended the run.
 
     The energy is read from the Trainer's timeline: the fit's record spans its start and end marks (the
     same window as ``EnergyCallback``'s report); a checkpoint's figures reach the latest samples without
@@ -168,6 +171,8 @@ class CatalogCallback(MeteredCallback):
         record = self._snapshot(trainer, pl_module, cache=False, final=True)
         if not trainer.is_global_zero:
             return
+        target = _to_target(trainer)
+        record = {**record, "metrics": {**record["metrics"], **target}}
         self.record = record
         try:
             self.record_id = self._catalog.add(record)
@@ -176,7 +181,7 @@ class CatalogCallback(MeteredCallback):
             self.problems.append(str(err))
             rank_zero_warn(f"lightning-energy: fit not recorded in the catalog: {err}")
         attributes = {"model": record["model"], "precision": record["precision"], "batch_size": record["batch_size"],
-                      "parameters": record["parameters"], "catalog_id": self.record_id, **self.config}
+                      "parameters": record["parameters"], "catalog_id": self.record_id, **target, **self.config}
         problem = try_atomic_write_json(self._log_dir / RUN_ATTRIBUTES_FILE, attributes)
         if problem:
             self.problems.append(problem)
@@ -278,6 +283,22 @@ def _intensity(trainer: Trainer):
     if carbon is not None:
         return carbon.intensity, carbon.pue
     return world_average("no CarbonCallback in the Trainer"), 1.0
+
+
+def _to_target(trainer: Trainer) -> dict[str, float]:
+    """The figures of an ``EnergyToAccuracy`` in the Trainer: to its target (J, s, validation runs) when
+    reached; ``target_budget_exceeded`` 1 (and the energy and time spent) when its budget ended the run."""
+    from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
+
+    eta = next((c for c in trainer.callbacks if isinstance(c, EnergyToAccuracy)), None)
+    if eta is None:
+        return {}
+    if eta.result is not None:
+        return {k: float(eta.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
+    if eta.gave_up is not None:
+        return {"target_budget_exceeded": 1.0, "energy_at_give_up_J": float(eta.gave_up["energy_J"]),
+                "time_at_give_up_s": float(eta.gave_up["time_s"])}
+    return {}
 
 
 def _hardware(trainer: Trainer) -> str:

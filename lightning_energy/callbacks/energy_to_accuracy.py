@@ -40,17 +40,27 @@ class EnergyToAccuracy(MeteredCallback):
     ``time_to_target_s``, ``epochs_to_target`` (validation runs of fit so far, counting the one that
     reached it). Also kept in :attr:`result`. With ``stop=True`` training ends there.
 
+    A budget gives up on a run that has not reached the target: after a validation run whose figures so
+    far (energy of all ranks, time of the slowest; read without waiting, so up to one sampling interval
+    old) pass ``budget_J`` or ``budget_s``, training ends and :attr:`gave_up` holds those figures. Zeus's
+    batch-size optimizer stops a trial the same way once its cost passes ``beta`` times the best cost of
+    a finished one; the budget is checked at validation, so a run overshoots it by up to one epoch.
+
     Args:
         monitor: the validation metric (a key of ``trainer.callback_metrics``), e.g. ``"val/acc"``.
         target: the value to reach.
         mode: ``"max"`` (reached when ``>= target``) or ``"min"`` (``<= target``).
         stop: end training once reached.
+        budget_J: give up (end training) once the fit has used more energy than this (J) without
+            reaching the target; None: no energy budget.
+        budget_s: the same for time (s).
         sensors: the sensors to read when no ``EnergyCallback`` shares its own.
         interval_s: sampling interval requested from the shared sampler (s).
     """
 
     def __init__(self, monitor: str, target: float, mode: str = "max", stop: bool = False,
-                 sensors: list[Sensor] | None = None, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+                 sensors: list[Sensor] | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+                 budget_J: float | None = None, budget_s: float | None = None) -> None:
         super().__init__()
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"`monitor` must be a metric name, got {monitor!r}")
@@ -58,7 +68,14 @@ class EnergyToAccuracy(MeteredCallback):
             raise ValueError(f"`target` must be a finite number, got {target!r}")
         if mode not in MODES:
             raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}")
+        for name, budget in (("budget_J", budget_J), ("budget_s", budget_s)):
+            if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                       or not budget > 0 or not math.isfinite(budget)):
+                raise ValueError(f"`{name}` must be a finite number > 0 or None, got {budget!r}")
         self.check_flags(stop=stop)
+        self.budget_J = None if budget_J is None else float(budget_J)
+        self.budget_s = None if budget_s is None else float(budget_s)
+        self.gave_up: dict | None = None  # the figures so far when a budget ended the run
         self.monitor, self.target, self.mode, self.stop = monitor, float(target), mode, stop
         self._user_sensors = self.check_sensors(sensors)
         self.interval_s = self.check_interval(interval_s)
@@ -84,6 +101,7 @@ class EnergyToAccuracy(MeteredCallback):
         self._trainer = trainer
         self._validations = 0
         self._final_state = None
+        self.gave_up = None
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -114,6 +132,7 @@ class EnergyToAccuracy(MeteredCallback):
                                f"{sorted(trainer.callback_metrics)}")
             return
         if not self.reached(value):
+            self._check_budget(trainer, value)
             return
         # the instant the target is known is no boundary of the timeline: one mark of our own, once per run
         end = self.attachment.meter.wait(timeline.mark())
@@ -131,6 +150,24 @@ class EnergyToAccuracy(MeteredCallback):
         self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
         if self.stop:
             trainer.should_stop = True
+
+    def _check_budget(self, trainer: Trainer, value: float) -> None:
+        """End the run when its energy or time so far passes a budget (a collective: every rank calls it)."""
+        if self.budget_J is None and self.budget_s is None:
+            return
+        state = self._state(trainer)
+        over = [f"{what} {spent:.4g} {unit} > budget {budget:.4g} {unit}"
+                for what, spent, budget, unit in (("energy", state["energy_J"], self.budget_J, "J"),
+                                                  ("time", state["time_s"], self.budget_s, "s"))
+                if budget is not None and spent > budget]
+        if not over:
+            return
+        self.gave_up = {"energy_J": state["energy_J"], "time_s": state["time_s"],
+                        "epochs": state["validations"], "metric": value, "target": self.target,
+                        "reason": "; ".join(over)}
+        rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
+                       f"{self.gave_up['reason']}; training ends")
+        trainer.should_stop = True
 
     def _since_fit_start(self, trainer: Trainer, m) -> tuple[float, float]:
         """(J of all ranks, s of the slowest rank) of this rank's window ``m``: a collective."""

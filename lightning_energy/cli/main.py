@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compare": "lightning_energy.cli.commands.compare",
     "fit": "lightning_energy.cli.commands.fit",
     "sweep": "lightning_energy.cli.commands.sweep",
+    "recommend": "lightning_energy.cli.commands.recommend",
     "catalog": "lightning_energy.cli.commands.catalog",
     "bso-server": "lightning_energy.cli.commands.bso_server",
     "restore-power-limit": "lightning_energy.cli.commands.restore_power_limit",

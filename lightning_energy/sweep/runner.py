@@ -92,17 +92,10 @@ class SweepConfig:
 
 def load_config(path: str | Path) -> SweepConfig:
     """Read and check a sweep YAML file (SweepConfigError names the problem)."""
-    import yaml
+    from lightning_energy.io import read_yaml_config
 
     path = Path(path)
-    if not path.is_file():
-        raise SweepConfigError(f"sweep config {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as err:
-        raise SweepConfigError(f"{path} is not valid YAML: {' '.join(str(err).split())}") from None
-    except OSError as err:
-        raise SweepConfigError(f"cannot read sweep config {path}: {err.strerror or err}") from None
+    raw = read_yaml_config(path, "sweep config", SweepConfigError)
     return parse_config(raw, base=path.parent, default_name=path.stem)
 
 

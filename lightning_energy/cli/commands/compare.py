@@ -9,7 +9,10 @@ runs sharing a value, so repetitions are averaged; without it each run is its ow
 are never averaged). A fit
 boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
 ``extrapolated_s`` column); further out is an error. Writes ``compare.json``, ``compare_power.png`` and
-``compare_energy.png`` into ``--out``.
+``compare_energy.png`` into ``--out``. Runs that carry EnergyToAccuracy's figures (``energy_to_target_J``,
+``time_to_target_s`` in ``run_attributes.json``: CatalogCallback writes them, e.g. in the runs of
+``lightning-energy recommend``) also get a table per group and ``compare_frontier.png``: energy vs time
+to target per run, and the frontier of the runs no other beats in both.
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ def run(args) -> int:
     print(table([args.by or "group", "runs", "energy J", "± std", "energy is", "time s", "± std", "EDP J*s", "± std"],
                 [[key, g["runs"], g["energy_J_mean"], g["energy_J_std"], word(g["provenance"]), g["duration_s_mean"],
                   g["duration_s_std"], g["edp_Js_mean"], g["edp_Js_std"]] for key, g in result["groups"].items()]))
+    reached = [r for r in result["runs"] if r["energy_to_target_J"] is not None]
+    if reached:
+        print()
+        print(table([args.by or "group", "reached", "energy to target J", "± std", "time to target s", "± std"],
+                    [[key, g["reached_target"], g["energy_to_target_J_mean"], g["energy_to_target_J_std"],
+                      g["time_to_target_s_mean"], g["time_to_target_s_std"]] for key, g in result["groups"].items()]))
+        print("frontier (no run reaches the target both faster and for less energy): " +
+              ", ".join(r["run"] for r in sorted(reached, key=lambda r: r["time_to_target_s"]) if r["on_frontier"]))
     files: dict[Path, bytes | str] = {args.out / "compare.json": json.dumps(result, indent=1) + "\n"}
     if not args.no_plots:
         how = result["provenance"]
@@ -63,6 +74,8 @@ def run(args) -> int:
                                                                   "power, mean ± std", how)
         files[args.out / "compare_energy.png"] = plots.band_figure(
             result["groups"], "energy_J", "cumulative energy (J)", "cumulative energy, mean ± std", how)
+        if reached:
+            files[args.out / "compare_frontier.png"] = plots.frontier_figure(result["runs"], args.by, how)
     for path in plots.write_files(files):
         print(f"wrote {path}")
     return 0

@@ -1,0 +1,474 @@
+"""Recommend: the configuration that reaches a target metric for the least energy, found by measuring.
+
+``lightning-energy recommend --config CFG.yaml --target val/loss=0.01`` trains the user's LightningCLI
+config with the suite's levers changed, measures each run's **energy to target** (J) and **time to
+target** (s) with :class:`~lightning_energy.EnergyToAccuracy` (from the fit's start to the end of the
+validation run that first reached the target; the run stops there), and recommends the cheapest.
+This module is the search; :mod:`lightning_energy.optimize.recommend_config` builds each run's config and runs
+it in its own process.
+
+The levers (:func:`find_levers`; each only where the config has the key): precision
+(``trainer.precision``: PrecisionSwitch's modes that run on the device), the model's parameter dtype
+(``dtype: float64 -> float32``), batch size (÷4, ÷2, ×2), learning rate (×3, ×10, ×30), the learning-rate
+schedule (a ReduceLROnPlateau ``lr_patience`` of 3 epochs), shuffling, ``torch.compile``
+(:class:`~lightning_energy.CompileModel`) and, on NVIDIA GPUs, the power limits given. Early stopping at
+the target is part of every run and of the recommendation.
+
+**The search, and why it is cheap.** A full grid of 8 alternatives over 7 levers is hundreds of runs;
+energy to target has no cheap low-fidelity proxy either (a high learning rate looks worse for a few
+epochs and wins later, so successive halving on partial runs would cut the winners). So:
+
+1. *Baseline*: the config as given, alone and uncapped: the reference.
+2. *One lever at a time* (screening): each alternative value of each lever changed alone from the
+   baseline, ``screen_repeats`` (S) runs each, with the baseline's, all the stage's runs in one random
+   order, so a drift of a shared machine spreads over every configuration instead of lining up with one.
+3. *Combine the winners* (confirmation): per lever, the best value whose every run beat every baseline
+   run; all the winners together, that combination with each winner left out (which says what each
+   lever adds in company: the ablation), the best single change (levers interact: a smaller batch may
+   want nothing else) and the baseline, topped up to ``repeats`` (R) runs each, in rounds of one run
+   per configuration in a new random order each round.
+   With one winner, it and the baseline are topped up.
+4. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
+   energy to target.
+
+That is at most ``S·(1 + A) + R·(3 + W) - 2S`` runs (A alternatives, W winners): 21 for A = 10, W = 3,
+S = 1, R = 2; a full grid of the same levers would be hundreds.
+
+**Stopping bad configurations early.** Every run carries an energy budget, and
+:class:`~lightning_energy.EnergyToAccuracy` ends it at the first validation past it without the target;
+a run that does not reach the target within the config's ``max_epochs`` has lost too, and a
+configuration that lost once gets no further repeats. While screening, the question is only whether an
+alternative beats the baseline, and one that has spent the baseline's lowest energy to target without
+reaching it cannot be a winner (a winner beats every baseline run): the budget is that energy, so a
+lever that helps a little is not cut because another helps a lot. From then on it is **Zeus's rule**:
+``beta`` (2) × the lowest energy to target finished so far. The baseline never has a budget: it is the
+reference of every ratio. ``budget_runs`` caps the total number of runs.
+
+Figures: medians over the repeats, ± half their range, CO2 to target from the catalog record's
+intensity and PUE, and the provenance of every joule (measured / estimated / simulated).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lightning_energy.units import J_PER_KWH
+
+DEFAULT_BETA = 2.0  # Zeus's BatchSizeOptimizer beta_knob: stop a trial past 2x the best cost
+DEFAULT_REPEATS = 2
+BASELINE = "baseline"
+TARGET_FORMS = "METRIC=VALUE (a loss or error: reached at or below), METRIC<=VALUE or METRIC>=VALUE"
+_FALLING_WORDS = ("loss", "err", "mse", "mae", "rmse", "perplexity")
+
+
+class SearchError(RuntimeError):
+    """The search cannot go on (the baseline itself does not reach the target)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """``monitor`` reaching ``value``: at or below it (``mode="min"``) or at or above it (``"max"``)."""
+
+    monitor: str
+    value: float
+    mode: str
+
+    def __str__(self) -> str:
+        return f"{self.monitor}{'<=' if self.mode == 'min' else '>='}{self.value:g}"
+
+
+def parse_target(text: str) -> Target:
+    """``val/loss=0.01`` (a loss falls), ``val/loss<=0.01`` or ``val/acc>=0.9``; ValueError names the problem."""
+    match = re.fullmatch(r"\s*([^<>=\s]+)\s*(<=|>=|=)\s*(\S+)\s*", text or "")
+    if match is None:
+        raise ValueError(f"--target {text!r}: expected {TARGET_FORMS}, e.g. val/loss=0.002")
+    monitor, operator, number = match.groups()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"--target {text!r}: {number!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"--target {text!r}: the value must be finite")
+    if operator == "=":
+        if not any(word in monitor.lower() for word in _FALLING_WORDS):
+            raise ValueError(f"--target {text!r}: say whether {monitor} must fall or rise: "
+                             f"{monitor}<={number} or {monitor}>={number}")
+        return Target(monitor, value, "min")
+    return Target(monitor, value, "min" if operator == "<=" else "max")
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One thing the search changes: the config key it sets, its value there, the values to try."""
+
+    name: str
+    path: str | None  # dotted key of the LightningCLI config; None: applied by the runner (compile, power limit)
+    baseline: Any
+    alternatives: tuple
+    what: str
+
+
+@dataclass
+class RunOutcome:
+    """One run: the energy (J) and time (s) to the target when ``reached``, else what it spent before it stopped.
+
+    ``stopped``: ``"target"``, ``"energy budget"``, ``"max epochs"`` or ``"failed: ..."``.
+    """
+
+    reached: bool
+    energy_J: float
+    time_s: float
+    stopped: str = "target"
+    epochs: int | None = None
+    gCO2e: float | None = None
+    provenance: str = "unknown"
+    catalog_id: int | None = None
+    run_dir: str | None = None
+
+    @classmethod
+    def failed(cls, why: str, run_dir: str | None = None) -> "RunOutcome":
+        return cls(False, math.nan, math.nan, f"failed: {why}", run_dir=run_dir)
+
+
+class Runner(Protocol):
+    def __call__(self, settings: dict[str, Any], name: str, budget_J: float | None) -> RunOutcome:
+        """Train the baseline with ``settings`` (lever name -> value) as run ``name``, ending it once it has
+        spent ``budget_J`` without reaching the target (None: no budget)."""
+
+
+def co2_g(energy_J: float, g_per_kWh: float, pue: float = 1.0) -> float:
+    """Grams CO2e of ``energy_J`` at an intensity (g/kWh) and PUE."""
+    return energy_J / J_PER_KWH * g_per_kWh * pue
+
+
+def describe(settings: dict[str, Any]) -> str:
+    """``"baseline"`` or the changed levers, e.g. ``"batch_size=128, lr=0.003"``."""
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or BASELINE
+
+
+def _slug(settings: dict[str, Any]) -> str:
+    text = "_".join(f"{k}-{v}" for k, v in settings.items()) or BASELINE
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text)[:80]
+
+
+@dataclass
+class Trial:
+    """A configuration (the baseline with ``settings`` changed) and its runs."""
+
+    settings: dict[str, Any]
+    stage: str
+    runs: list[tuple[str, RunOutcome]] = field(default_factory=list)  # (run name, outcome), in run order
+    lost: str | None = None  # why the configuration was dropped
+
+    @property
+    def name(self) -> str:
+        return describe(self.settings)
+
+    def reached_J(self) -> list[float]:
+        return [o.energy_J for _, o in self.runs if o.reached]
+
+    def complete(self, repeats: int) -> bool:
+        return self.lost is None and len(self.runs) >= repeats and all(o.reached for _, o in self.runs)
+
+    def median(self, attr: str) -> float:
+        values = [getattr(o, attr) for _, o in self.runs if o.reached and getattr(o, attr) is not None]
+        return statistics.median(values) if values else math.nan
+
+    def half_range(self, attr: str) -> float:
+        values = [getattr(o, attr) for _, o in self.runs if o.reached and getattr(o, attr) is not None]
+        return (max(values) - min(values)) / 2 if len(values) > 1 else math.nan
+
+
+@dataclass
+class SearchResult:
+    target: Target | None
+    trials: list[Trial]
+    recommended: Trial
+    baseline: Trial
+    winners: dict[str, Any]
+    repeats: int
+    beta: float
+    runs: int
+    skipped: int
+    budget_exhausted: bool
+    order: list[str]  # run names in the order they ran
+    screen_repeats: int = 1
+
+    def rows(self) -> list[dict]:
+        """One row per configuration: medians and ± half-ranges of energy, time and CO2 to target."""
+        base_J = self.baseline.median("energy_J")
+        out = []
+        for trial in self.trials:
+            energy = trial.median("energy_J")
+            spent = [o for _, o in trial.runs if not o.reached]
+            status = ("recommended" if trial is self.recommended else
+                      f"lost: {trial.lost}" if trial.lost else
+                      "ok" if trial.complete(self.repeats) else
+                      "screened" if trial.complete(self.screen_repeats) else "incomplete (run budget)")
+            out.append({
+                "config": trial.name, "settings": dict(trial.settings), "stage": trial.stage,
+                "runs": len(trial.runs), "reached": sum(o.reached for _, o in trial.runs),
+                "energy_J": energy, "energy_J_pm": trial.half_range("energy_J"),
+                "time_s": trial.median("time_s"), "time_s_pm": trial.half_range("time_s"),
+                "gCO2e": trial.median("gCO2e"), "gCO2e_pm": trial.half_range("gCO2e"),
+                "epochs": trial.median("epochs"),
+                "energy_ratio": base_J / energy if energy > 0 else math.nan,
+                "spent_J": max((o.energy_J for o in spent if math.isfinite(o.energy_J)), default=None),
+                "provenance": _provenance(trial), "status": status,
+                "run_names": [name for name, _ in trial.runs],
+            })
+        return out
+
+    def lever_effects(self) -> list[dict]:
+        """What each lever gave: alone against the baseline, and (for the winners) left out of the combination."""
+        by_settings = {_key(t.settings): t for t in self.trials}
+        base_J = self.baseline.median("energy_J")
+        combined = by_settings.get(_key(self.winners)) if len(self.winners) > 1 else None
+        effects = []
+        for trial in self.trials:
+            # alone: its screening runs (a later confirmation run may have been stopped at Zeus's budget)
+            if trial.stage != "one lever" or len(trial.reached_J()) < self.screen_repeats:
+                continue
+            (lever, value), = trial.settings.items()
+            entry = {"lever": lever, "value": value, "alone_x": base_J / trial.median("energy_J"),
+                     "winner": self.winners.get(lever) == value, "in_combination_x": None,
+                     "in_combination_at_least": False}
+            if entry["winner"] and combined is not None and combined.complete(self.repeats):
+                without = by_settings.get(_key({k: v for k, v in self.winners.items() if k != lever}))
+                spent = [o.energy_J for _, o in without.runs if o.stopped == "energy budget"] if without else []
+                if without is not None and without.complete(self.repeats):
+                    entry["in_combination_x"] = without.median("energy_J") / combined.median("energy_J")
+                elif spent:  # stopped at the budget: it would have cost at least that much
+                    entry["in_combination_x"] = max(spent) / combined.median("energy_J")
+                    entry["in_combination_at_least"] = True
+            effects.append(entry)
+        return effects
+
+
+def _key(settings: dict[str, Any]) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in settings.items()))
+
+
+def _provenance(trial: Trial) -> str:
+    from lightning_energy.provenance import combine
+
+    kinds = [o.provenance for _, o in trial.runs if o.provenance not in (None, "unknown")]
+    return combine(kinds) if kinds else "unknown"
+
+
+class Search:
+    """The one-lever-at-a-time search with combination (see the module docstring).
+
+    Args:
+        levers: what to vary (:func:`find_levers`).
+        runner: trains one configuration (:class:`~lightning_energy.optimize.recommend_config.ConfigRunner`, or a
+            cost model in tests).
+        repeats: runs of each confirmed configuration (``R``).
+        screen_repeats: runs of each configuration while screening one lever at a time (``S``, default R).
+        beta: a run's energy budget is ``beta`` x the lowest energy to target finished so far.
+        budget_runs: the most runs in all (None: no cap).
+        seed: seed of the random run order.
+        log: called with one line per run.
+    """
+
+    def __init__(self, levers: list[Lever], runner: Runner, repeats: int = DEFAULT_REPEATS,
+                 beta: float = DEFAULT_BETA, budget_runs: int | None = None, seed: int = 0,
+                 log: Callable[[str], None] | None = None, target: Target | None = None,
+                 screen_repeats: int | None = None) -> None:
+        screen_repeats = repeats if screen_repeats is None else screen_repeats
+        if not 1 <= screen_repeats <= repeats:
+            raise ValueError(f"need 1 <= screen_repeats <= repeats, got {screen_repeats} and {repeats}")
+        if not beta > 1:
+            raise ValueError(f"`beta` must be > 1, got {beta}")
+        if budget_runs is not None and budget_runs < 1:
+            raise ValueError(f"`budget_runs` must be >= 1, got {budget_runs}")
+        self.levers, self.runner, self.repeats, self.beta = levers, runner, repeats, beta
+        self.screen_repeats = screen_repeats
+        self.budget_runs, self.target = budget_runs, target
+        self.rng = random.Random(seed)
+        self.log = log or (lambda line: None)
+        self.trials: dict[tuple, Trial] = {}
+        self.order: list[str] = []
+        self.skipped = 0
+        self.budget_exhausted = False
+
+    def run(self) -> SearchResult:
+        baseline = self._trial({}, BASELINE)
+        self._run_once(baseline)
+        if not baseline.complete(1):
+            _, outcome = baseline.runs[0]
+            raise SearchError(f"the baseline did not reach the target ({outcome.stopped}); "
+                              "give a target the config reaches within its max_epochs")
+        stage = [baseline] + [self._trial({lever.name: value}, "one lever")
+                              for lever in self.levers for value in lever.alternatives]
+        self._run_repeats(stage, self.screen_repeats, against_baseline=True)
+        winners = self.winners()
+        confirm = [baseline, self._trial(dict(winners), "combined")] if winners else [baseline]
+        if len(winners) > 1:
+            confirm += [self._trial({k: v for k, v in winners.items() if k != left_out}, "leave one out")
+                        for left_out in winners]
+            # levers interact (a smaller batch may want no other change): the best single change competes too
+            screened = [t for t in stage[1:] if t.complete(self.screen_repeats)]
+            if screened:
+                confirm.append(min(screened, key=lambda t: t.median("energy_J")))
+        self._run_repeats(confirm, self.repeats)
+        trials = list(self.trials.values())
+        complete = ([t for t in trials if t.complete(self.repeats)] or
+                    [t for t in trials if t.complete(self.screen_repeats)] or [baseline])
+        best = min(complete, key=lambda t: t.median("energy_J"))
+        return SearchResult(self.target, trials, best, baseline, winners, self.repeats, self.beta, len(self.order),
+                            self.skipped, self.budget_exhausted, list(self.order), self.screen_repeats)
+
+    def winners(self) -> dict[str, Any]:
+        """Per lever, the alternative with the lowest median energy among those whose every run beat every
+        baseline run (completed configurations only)."""
+        baseline = self.trials[_key({})]
+        base_min = min(baseline.reached_J(), default=math.nan)
+        out = {}
+        for lever in self.levers:
+            beating = [t for value in lever.alternatives
+                       if (t := self.trials.get(_key({lever.name: value}))) is not None
+                       and t.complete(self.screen_repeats) and max(t.reached_J()) < base_min]
+            if beating:
+                best = min(beating, key=lambda t: t.median("energy_J"))
+                out[lever.name] = best.settings[lever.name]
+        return out
+
+    # ---------------------------------------------------------------- running
+    def _trial(self, settings: dict[str, Any], stage: str) -> Trial:
+        return self.trials.setdefault(_key(settings), Trial(dict(settings), stage))
+
+    def _run_repeats(self, trials: list[Trial], repeats: int, against_baseline: bool = False) -> None:
+        """Run every trial up to ``repeats`` runs, in rounds (each trial one more run per round, in a new random
+        order each round: drift spreads over all, and a run budget that ends the search leaves no trial of
+        the stage unmeasured while another has its repeats); each run's budget is the baseline's lowest
+        energy to target (``against_baseline``) or ``beta`` x the best finished."""
+        queue = []
+        for round_ in range(repeats):
+            members = [t for t in trials if len(t.runs) + sum(q is t for q in queue) < repeats]
+            self.rng.shuffle(members)
+            queue += members
+        for trial in queue:
+            if trial.lost is not None:
+                self.skipped += 1
+                continue
+            self._run_once(trial, against_baseline)
+
+    def best_J(self) -> float | None:
+        finished = [j for t in self.trials.values() for j in t.reached_J() if j > 0]
+        return min(finished) if finished else None
+
+    def _run_once(self, trial: Trial, against_baseline: bool = False) -> None:
+        if self.budget_runs is not None and len(self.order) >= self.budget_runs:
+            self.budget_exhausted = True
+            self.skipped += 1
+            return
+        best = self.best_J()
+        baseline_J = min(self.trials[_key({})].reached_J(), default=None)
+        if not trial.settings or best is None:  # the baseline is the reference of every ratio: never cut
+            budget_J, why = None, ""
+        elif against_baseline:
+            budget_J, why = baseline_J, f" (budget: the baseline's {baseline_J:.4g} J)"
+        else:
+            budget_J, why = self.beta * best, f" (budget {self.beta:g} x best {best:.4g} J)"
+        name = f"r{len(self.order):03d}_{_slug(trial.settings)}"
+        outcome = self.runner(dict(trial.settings), name, budget_J)
+        self.order.append(name)
+        trial.runs.append((name, outcome))
+        if not outcome.reached:
+            where = f" after {outcome.energy_J:.4g} J" if math.isfinite(outcome.energy_J) else ""
+            trial.lost = f"{outcome.stopped}{where}{why if outcome.stopped == 'energy budget' else ''}"
+        verdict = (f"reached in {outcome.energy_J:.4g} J, {outcome.time_s:.3g} s" if outcome.reached
+                   else f"stopped: {trial.lost}")
+        self.log(f"run {len(self.order):>3} {name}: {trial.name}: {verdict}")
+
+
+# ---------------------------------------------------------------- the levers of a config
+BATCH_KEYS = ("batch_size",)
+LR_KEYS = ("lr", "learning_rate")
+SCHEDULE_KEYS = ("lr_patience",)
+SCHEDULE_PATIENCE = 3  # epochs of a ReduceLROnPlateau patience to try (Baler's default is 50)
+LR_FACTORS = (3, 10, 30)
+MIN_BATCH = 8
+LEVER_NAMES = ("precision", "dtype", "batch_size", "lr", "lr_schedule", "shuffle", "compile", "power_limit_W")
+
+
+def config_key(config: dict, section: str, names: tuple[str, ...]) -> tuple[str, Any] | None:
+    """(dotted path, value) of the first of ``names`` under ``config[section]`` or its ``init_args``."""
+    part = config.get(section)
+    if not isinstance(part, dict):
+        return None
+    for prefix, mapping in ((section, part), (f"{section}.init_args", part.get("init_args"))):
+        if isinstance(mapping, dict):
+            for name in names:
+                if name in mapping:
+                    return f"{prefix}.{name}", mapping[name]
+    return None
+
+
+def find_levers(config: dict, device: str = "cpu", power_limits_W: list[float] | None = None,
+                compile_in_config: bool = False) -> tuple[list[Lever], list[str]]:
+    """The levers this (merged LightningCLI) config offers on ``device`` (``"cpu"`` or ``"cuda"``), and notes on
+    those it does not."""
+    levers, notes = [], []
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
+    precision = str(trainer.get("precision", "32-true"))
+    options = ["32-true", "bf16-mixed"] + (["16-mixed"] if device == "cuda" else [])
+    if precision == "64-true":
+        options.insert(0, "64-true")
+    others = tuple(p for p in options if p != precision)
+    levers.append(Lever("precision", "trainer.precision", precision, others,
+                        "Lightning precision (PrecisionSwitch's modes that run on this device)"))
+    dtype = config_key(config, "model", ("dtype",))
+    if dtype is not None and dtype[1] == "float64":
+        levers.append(Lever("dtype", dtype[0], "float64", ("float32",), "the model's parameter dtype"))
+    batch = config_key(config, "data", BATCH_KEYS) or config_key(config, "model", BATCH_KEYS)
+    if batch is not None and isinstance(batch[1], int) and not isinstance(batch[1], bool):
+        size = batch[1]
+        values = tuple(dict.fromkeys(b for b in (size // 4, size // 2, size * 2) if b >= MIN_BATCH and b != size))
+        levers.append(Lever("batch_size", batch[0], size, values, "rows per batch"))
+    else:
+        notes.append("batch size: not explored (no batch_size under data or model in the config)")
+    lr = config_key(config, "model", LR_KEYS)
+    if lr is not None and isinstance(lr[1], (int, float)) and not isinstance(lr[1], bool) and lr[1] > 0:
+        levers.append(Lever("lr", lr[0], lr[1], tuple(float(f"{lr[1] * f:.6g}") for f in LR_FACTORS),
+                            "learning rate"))
+    else:
+        notes.append("learning rate: not explored (no lr or learning_rate under model in the config)")
+    schedule = config_key(config, "model", SCHEDULE_KEYS)
+    if schedule is not None and isinstance(schedule[1], int) and schedule[1] > SCHEDULE_PATIENCE:
+        levers.append(Lever("lr_schedule", schedule[0], schedule[1], (SCHEDULE_PATIENCE,),
+                            "ReduceLROnPlateau patience (epochs): halve the rate sooner on a plateau"))
+    shuffle = config_key(config, "data", ("shuffle",))
+    if shuffle is not None and isinstance(shuffle[1], bool):
+        levers.append(Lever("shuffle", shuffle[0], shuffle[1], (not shuffle[1],), "shuffle the training rows"))
+    if not compile_in_config:
+        levers.append(Lever("compile", None, False, (True,), "torch.compile the model's layers (CompileModel)"))
+    if device != "cuda":
+        notes.append("power limit: not explored (training runs on the CPU: no NVIDIA GPU power limit to set)")
+    elif power_limits_W:
+        levers.append(Lever("power_limit_W", None, None, tuple(power_limits_W), "GPU power limit (W)"))
+    else:
+        notes.append("power limit: not explored (give --power-limits W,W,... to try limits on the GPU)")
+    return levers, notes
+
+
+def select_levers(levers: list[Lever], names: list[str] | None) -> list[Lever]:
+    """The levers named (all when None); ValueError names an unknown or unavailable one."""
+    if names is None:
+        return levers
+    available = {lever.name: lever for lever in levers}
+    unknown = [n for n in names if n not in LEVER_NAMES]
+    if unknown:
+        raise ValueError(f"--levers: unknown lever(s) {unknown}; levers: {', '.join(LEVER_NAMES)}")
+    missing = [n for n in names if n not in available]
+    if missing:
+        raise ValueError(f"--levers: {missing} not available for this config; available: "
+                         f"{', '.join(available)}")
+    return [available[n] for n in names]
