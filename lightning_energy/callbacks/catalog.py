@@ -118,15 +118,10 @@ class CatalogCallback(MeteredCallback):
         self.record, self.record_id, self.problems = None, None, []
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
+        if exception is not None:
+            self._stop_flop_counter()
         self._running = None
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._stop_flop_counter()
-        self._running = None
-        super().on_exception(trainer, pl_module, exception)
 
     # ---------------------------------------------------------------- fit
     @override

@@ -104,14 +104,8 @@ class EnergyToAccuracy(MeteredCallback):
         self.gave_up = None
 
     @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
         self._trainer = None
-        super().teardown(trainer, pl_module, stage)
-
-    @override
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._trainer = None
-        super().on_exception(trainer, pl_module, exception)
 
     @override
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
