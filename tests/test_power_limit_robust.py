@@ -306,3 +306,28 @@ def test_the_search_never_profiles_more_windows_than_the_sweep_and_its_calibrati
             order, seen, _ = drive(search, truth, lambda limit, k, table=table: tuple(table[GRID.index(limit), k]))
             if not search.fell_back(seen):
                 assert len(order) <= len(GRID) + 1, order
+
+
+def test_the_profile_figure_never_writes_through_a_planted_temporary_name(tmp_path):
+    """The PNG went through `.{name}.{pid}.tmp`: a symlink planted at that predictable name redirected the write
+    to any file the user can write. Now a private temporary file (unpredictable, created exclusively)."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lightning_energy.optimize.power_limit.profile_file import write_figure_png
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    target = tmp_path / "power_limit.png"
+    (tmp_path / f".{target.name}.{os.getpid()}.tmp").symlink_to(victim)
+    fig = plt.figure()
+    try:
+        write_figure_png(fig, target)
+    finally:
+        plt.close(fig)
+    assert victim.read_bytes() == b"keep me"  # old code: the PNG landed in the victim
+    assert target.read_bytes().startswith(b"\x89PNG")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_energy.io import atomic_write_json
+from lightning_energy.io import atomic_write_bytes, atomic_write_json
 from lightning_energy.optimize.power_limit.search import (
     LimitProfile,
     MIN_SPARE_POINTS,
@@ -172,16 +172,8 @@ def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W:
 
 
 def write_figure_png(fig, path: str | os.PathLike) -> Path:
-    """Save a figure as PNG through a temporary file and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Save a figure as PNG through a private temporary file (unpredictable name, created exclusively) and an
+    atomic rename."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(buffer.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_bytes(path, buffer.getvalue())
