@@ -1,8 +1,13 @@
-"""PrecisionSwitch: train in the cheapest numeric precision whose loss keeps up with float32, and guard it."""
+"""PrecisionSwitch: train in the cheapest numeric precision whose loss keeps up with float32, and guard it.
+
+Thin glue: the Trainer's hooks feed a :class:`~lightning_energy.optimize.precision.policy.PrecisionPolicy`
+(which decides: rounds, noise floor, pick, guard) with the step figures of the timeline and the loss
+statistics of the steps, and the callback applies what it decides through the
+:class:`~lightning_energy.integration.precision_plugin.SwitchablePrecision` plugin.
+"""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -12,11 +17,36 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
-from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
-from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODES, REFERENCE_MODE, get_mode, unavailable_reason
+from lightning_energy.integration.timeline import StepFigures
+from lightning_energy.measure import ranks as distributed
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODES, REFERENCE_MODE, unavailable_reason
+from lightning_energy.optimize.precision.policy import (
+    CHECK,
+    DEFAULT_CANDIDATES,
+    DIFF_SUM,
+    FALL_BACK,
+    FIXED,
+    GAP_N,
+    GUARDING,
+    LOSS_N,
+    LOSS_SUM,
+    N_STATS,
+    NONFINITE,
+    OBJECTIVES,
+    PROFILING,
+    REF_SUM,
+    WINDOW_DONE,
+    PrecisionPolicy,
+    merge_profiles,
+    pick_mode,
+    round_order,
+    settle_mode,
+    window_summary,
+)
 from lightning_energy.optimize.precision.probe import reference_loss
 from lightning_energy.optimize.precision.report import (
     KEPT_CHECKS,
@@ -24,16 +54,24 @@ from lightning_energy.optimize.precision.report import (
     build_precision_report,
     format_precision_report,
 )
-from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
-from lightning_energy.measure.sensors.base import Sensor
 
-DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
-OBJECTIVES = ("energy", "time", "edp")
-# window statistics, summed over steps and ranks: finite loss sum, finite losses, non-finite losses, and over
-# the probed steps with both losses finite: sum of (loss - reference), sum of reference losses, their count
-_LOSS_SUM, _LOSS_N, _NONFINITE, _DIFF_SUM, _REF_SUM, _GAP_N = range(6)
-N_STATS = 6
 PROBE = "precision_probe"  # the timeline's sub-window of the full-precision replay
+
+
+class _FromPolicy:
+    """A read-only attribute of the callback that is the policy's attribute ``name`` (its own name by default)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, callback: Any, owner: type | None = None) -> Any:
+        return self if callback is None else getattr(callback.policy, self.name)
+
+    def __set__(self, callback: Any, value: Any) -> None:
+        raise AttributeError(f"{self.name!r} is the policy's: set it on PrecisionSwitch(...) or callback.policy")
 
 
 class PrecisionSwitch(MeteredCallback):
@@ -143,6 +181,22 @@ class PrecisionSwitch(MeteredCallback):
         verbose: print the per-mode table at the end of fit (rank zero).
     """
 
+
+    mode = _FromPolicy("fixed_mode")
+    candidates = _FromPolicy()
+    tolerance = _FromPolicy()
+    objective = _FromPolicy()
+    confidence = _FromPolicy()
+    check_every_n_steps = _FromPolicy()
+    probe_batches = _FromPolicy()
+    plan = _FromPolicy()
+    phase = _FromPolicy()
+    chosen = _FromPolicy()
+    decision = _FromPolicy()
+    profiles = _FromPolicy()
+    rejected = _FromPolicy()
+    profile_rounds = _FromPolicy()
+
     def __init__(
         self,
         candidates: Sequence[str] | None = None,
@@ -167,43 +221,13 @@ class PrecisionSwitch(MeteredCallback):
         verbose: bool = True,
     ) -> None:
         super().__init__()
-        if mode is not None and candidates is not None:
-            raise ValueError("give either `mode` (a fixed mode) or `candidates` (modes to choose from), not both")
-        self.mode = None if mode is None else get_mode(mode, "mode").name
-        if candidates is None:
-            candidates = DEFAULT_CANDIDATES
-        if isinstance(candidates, str) or not isinstance(candidates, Sequence) or not candidates:
-            raise ValueError(f"`candidates` must be a non-empty list of mode names, got {candidates!r}")
-        for name in candidates:
-            if get_mode(name, "candidates").param_dtype != torch.float32:
-                raise ValueError(
-                    f"`candidates` cannot contain {name!r}: changing the parameters' dtype mid-run is not supported; "
-                    f"use PrecisionSwitch(mode={name!r}) to train in it from the start"
-                )
-        if len(set(candidates)) != len(candidates):
-            raise ValueError(f"`candidates` has duplicates: {list(candidates)}")
-        self.candidates = list(candidates)
-        self.tolerance = _positive_float("tolerance", tolerance)
-        self.explode_factor = _positive_float("explode_factor", explode_factor)
-        if self.explode_factor <= 1:
-            raise ValueError(f"`explode_factor` must be > 1, got {explode_factor!r}")
-        self.warmup_steps = _int_at_least("warmup_steps", warmup_steps, 0)
-        self.profile_steps = _int_at_least("profile_steps", profile_steps, 1)
-        self.check_every_n_steps = _int_at_least("check_every_n_steps", check_every_n_steps, 0)
-        self.probe_batches = _int_at_least("probe_batches", probe_batches, 1)
-        if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-            raise ValueError(f"`confidence` must be a number in (0, 1), got {confidence!r}")
-        self.confidence = float(confidence)
-        self.max_profile_rounds = _int_at_least("max_profile_rounds", max_profile_rounds, 1)
-        self.min_profile_rounds = _int_at_least("min_profile_rounds", min_profile_rounds, 1)
-        if not isinstance(noise_floor, bool):
-            raise TypeError(f"`noise_floor` must be a bool, got {type(noise_floor).__name__}")
-        self.noise_floor = noise_floor
-        self.drift_patience = _int_at_least("drift_patience", drift_patience, 1)
-        self.max_consecutive_skips = _int_at_least("max_consecutive_skips", max_consecutive_skips, 1)
-        if objective not in OBJECTIVES:
-            raise ValueError(f"`objective` must be one of {OBJECTIVES}, got {objective!r}")
-        self.objective = objective
+        self.policy = PrecisionPolicy(
+            candidates=candidates, tolerance=tolerance, fixed_mode=mode, warmup_steps=warmup_steps,
+            profile_steps=profile_steps, check_every_n_steps=check_every_n_steps, probe_batches=probe_batches,
+            confidence=confidence, max_profile_rounds=max_profile_rounds, min_profile_rounds=min_profile_rounds,
+            noise_floor=noise_floor, drift_patience=drift_patience, explode_factor=explode_factor,
+            max_consecutive_skips=max_consecutive_skips, objective=objective,
+        )
         self.check_flags(probe=probe, verbose=verbose)
         self.probe = probe
         self.verbose = verbose
@@ -218,34 +242,20 @@ class PrecisionSwitch(MeteredCallback):
 
     # ---------------------------------------------------------------- state of one fit
     def _reset_run_state(self) -> None:
-        self.plan: list[str] = [self.mode] if self.mode else []
-        self.phase = "fixed" if self.mode else "profiling"
-        self.current: str | None = self.mode
-        self.chosen: str | None = self.mode
-        self.decision: str | None = "fixed mode" if self.mode else None  # why ``chosen`` was chosen
-        self.profiles: dict[str, dict] = {}  # merged over ranks once profiling ends: the per-mode table
-        self.rejected: dict[str, str] = {}  # mode -> reason
+        self.policy.reset()
         self.switches: list[dict] = []
         self.checks: list[dict] = []  # the latest KEPT_CHECKS guard checks
         self.checks_total = 0
         self.nonfinite_losses = 0  # non-finite training losses seen at checks and in profiles, all ranks
-        self._local_profiles: dict[str, dict] = {}
-        self._round: list[str] = list(self.plan)  # the modes profiled in this round, in order
-        self.profile_rounds = 0  # rounds finished
-        self._profile_index = 0
-        self._steps_in_mode = 0
-        self._best_loss = math.inf
-        self._drift_strikes = 0
-        self._since_check = 0
         self._window: _LossWindow | None = None
         self._batch_mode: str | None = None
         self._ref_loss: torch.Tensor | None = None
         # per optimizer step (Lightning's step number, the one its StepFigures carry), tagged at its first
-        # batch: (the mode it runs in, the mode whose profile it counts in or None, the profiling round); the
-        # figures arrive a few steps later and are summed per mode
-        self._step_tags: dict[int, tuple[str, str | None]] = {}
+        # batch: (the mode it runs in, the mode whose profile it counts in or None, the profiling round, the
+        # window); the figures arrive a few steps later and are summed per mode
+        self._step_tags: dict[int, tuple[str, str | None, int, int]] = {}
         self._step_begun: int | None = None
-        self._profile_steps: dict[str, list] = {}  # mode -> [step, J, s, round] of its profile steps (this rank)
+        self._profile_steps: dict[str, list] = {}  # mode -> [step, J, s, round, window] of its profile steps
         self._trained: dict[str, _Sums] = {}  # mode -> every step trained in it (this rank)
         self._probes = _Sums()  # the steps with a probe: the probes' own energy and time (this rank)
         self._skips_before = 0
@@ -269,8 +279,8 @@ class PrecisionSwitch(MeteredCallback):
             return
         self._reset_run_state()
         if self.mode is None:
-            self.plan = self._available_plan(device_type)
-            self._round = round_order(self.plan, self.noise_floor)
+            for name, reason in self.policy.plan_for(device_type).items():
+                rank_zero_warn(f"PrecisionSwitch: candidate {name!r} dropped: {reason}")
             plugin.request_mode(REFERENCE_MODE)  # the model is set up (and checked) in float32
         self._probe_enabled = self.probe and pl_module.automatic_optimization and self.mode != "64-true"
         if self.probe and not pl_module.automatic_optimization:
@@ -297,30 +307,16 @@ class PrecisionSwitch(MeteredCallback):
             )
         return self.plugin
 
-    def _available_plan(self, device_type: str) -> list[str]:
-        plan = [REFERENCE_MODE]
-        for name in self.candidates:
-            if name == REFERENCE_MODE:
-                continue
-            if reason := unavailable_reason(MODES[name], device_type):
-                rank_zero_warn(f"PrecisionSwitch: candidate {name!r} dropped: {reason}")
-                self.rejected[name] = f"unavailable: {reason}"
-                continue
-            plan.append(name)
-        return plan
-
     # ---------------------------------------------------------------- training
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._restored:
             self._apply_restored(self._restored)
             self._restored = None
-        if self.phase == "profiling":
-            self._steps_in_mode = 0
+        if self.phase == PROFILING:
             self.plugin.check_reference_steps = True  # every mode profiled under the same synchronisation
-            self._request(self._round[self._profile_index])
-        elif self.current is not None:
-            self._request(self.current)
+        if (mode := self.policy.start_mode()) is not None:
+            self.plugin.request_mode(mode)
         self._skips_before = self.plugin.skipped_steps
         self._window = _LossWindow(trainer.strategy.root_device)
         self._announce_start(trainer)
@@ -328,16 +324,10 @@ class PrecisionSwitch(MeteredCallback):
     def _announce_start(self, trainer: Trainer) -> None:
         """The starting mode: hyperparameters for every logger, a text entry for TensorBoard."""
         mode = self.plugin.pending_mode or self.plugin.mode_name
-        if self.phase == "fixed":
-            reason = "fixed mode"
-        elif self.phase == "profiling":
-            reason = f"profiling {self._profile_index + 1}/{len(self._round)}"
-        else:
-            reason = f"resumed; {self.decision}" if self.decision else "resumed"
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_hyperparams({"precision/start_mode": mode, "precision/mode_legend": MODE_LEGEND})
-        self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({reason})")
+        self._mode_text(trainer, f"step {trainer.global_step}: starts in {mode} ({self.policy.start_reason()})")
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -346,27 +336,14 @@ class PrecisionSwitch(MeteredCallback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
             self._step_begun = step
-            self._step_tags[step] = (self._batch_mode, self._profiled_mode(self._batch_mode), self.profile_rounds,
-                                     self._profile_index)
+            policy = self.policy
+            self._step_tags[step] = (self._batch_mode, policy.profiled_mode(self._batch_mode), policy.profile_rounds,
+                                     policy.profile_index)
         self._ref_loss = None
-        if self._probe_enabled and self._probe_due():
+        if self._probe_enabled and self.policy.probe_due(self._batch_mode):
             with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
                 self._ref_loss = reference_loss(trainer, pl_module, self.plugin, batch, batch_idx)
         self._skips_before = self.plugin.skipped_steps
-
-    def _profiled_mode(self, mode: str) -> str | None:
-        """The mode whose profile a step now starting in ``mode`` counts in (past its warm-up), else None."""
-        if self.phase != "profiling" or mode != self._round[self._profile_index]:
-            return None
-        return mode if self._steps_in_mode >= self.warmup_steps else None
-
-    def _probe_due(self) -> bool:
-        if self._batch_mode == REFERENCE_MODE:
-            return False
-        if self.phase == "profiling":
-            return self._batch_mode == self._round[self._profile_index]
-        # the last ``probe_batches`` steps before each check
-        return self.check_every_n_steps > 0 and self._since_check >= self.check_every_n_steps - self.probe_batches
 
     @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
@@ -394,17 +371,17 @@ class PrecisionSwitch(MeteredCallback):
         mode = self._batch_mode
         if trainer._logger_connector.should_update_logs:
             self._log(trainer, {"precision/mode": float(MODES[mode].code)})
-        failure = self._step_failure(mode)
-        if self.phase == "profiling":
-            self._profiling_step(trainer, mode, failure)
-        elif self.phase == "guarding" and failure is not None:
+        plugin = self.plugin
+        failure = self.policy.step_failure(mode, plugin.skipped_steps > self._skips_before, plugin.consecutive_skips)
+        if failure is not None and self.phase == FIXED:
+            self._warn_once(f"fixed:{failure[:20]}", f"PrecisionSwitch(mode={mode!r}): {failure}")
+        action = self.policy.after_step(mode, failure)
+        if action == WINDOW_DONE:
+            self._window_done(trainer, failure)
+        elif action == FALL_BACK:
             self._fall_back(trainer, mode, failure)
-        else:
-            if failure is not None and self.phase == "fixed":
-                self._warn_once(f"fixed:{failure[:20]}", f"PrecisionSwitch(mode={mode!r}): {failure}")
-            self._since_check += 1
-            if self.check_every_n_steps and self._since_check >= self.check_every_n_steps:
-                self._check(trainer)
+        elif action == CHECK:
+            self._check(trainer)
 
     def _accumulate(self, trainer: Trainer, outputs) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
@@ -412,99 +389,45 @@ class PrecisionSwitch(MeteredCallback):
             loss = loss.detach() * trainer.accumulate_grad_batches  # undo Lightning's division
             self._window.add(loss, self._ref_loss)
 
-    def _step_failure(self, mode: str) -> str | None:
-        """A non-finite step in ``mode`` (the same on every rank: gradients are all-reduced)."""
-        plugin = self.plugin
-        if plugin.skipped_steps <= self._skips_before:
-            return None
-        if MODES[mode].grad_scaling:
-            if plugin.consecutive_skips >= self.max_consecutive_skips:
-                return f"gradient scaler skipped {plugin.consecutive_skips} steps in a row (non-finite gradients)"
-            return None
-        return "non-finite gradients (optimizer step skipped)"
-
     # ---------------------------------------------------------------- profiling
-    def _profiling_step(self, trainer: Trainer, mode: str, failure: str | None) -> None:
-        target = self._round[self._profile_index]
-        if mode != target:  # a deferred switch (gradient accumulation) has not happened yet
-            return
-        self._steps_in_mode += 1  # past the warm-up, the step was tagged for the profile at its start
-        done = self._steps_in_mode >= self.warmup_steps + self.profile_steps
-        if failure is None and not done:
-            return
-        self._local_profiles[target] = _add_profile(self._local_profiles.get(target),
-                                                    self._finish_local_profile(trainer, target, failure))
-        self._profile_index += 1
-        self._steps_in_mode = 0
-        if self._profile_index < len(self._round):
-            self._switch(trainer, self._round[self._profile_index], self._profiling_reason())
-        else:
-            self._end_round(trainer)
-
-    def _profiling_reason(self) -> str:
-        text = f"profiling {self._profile_index + 1}/{len(self._round)}"
-        return text + (f", round {self.profile_rounds + 1}" if self.profile_rounds else "")
-
-    def _finish_local_profile(self, trainer: Trainer, mode: str, failure: str | None) -> dict:
-        # the decision is due now, at the end of the profile's last step, whose figures usually arrive a few
+    def _window_done(self, trainer: Trainer, failure: str | None) -> None:
+        """A profiling window is over: hand its figures to the policy, go on to the next window or round."""
+        # the decision is due now, at the end of the window's last step, whose figures usually arrive a few
         # steps later: wait (bounded) until the samples cover this moment, then have them all delivered
         self.attachment.meter.wait(self.timeline.mark())
         self.timeline.flush(trainer)
-        return {"per_step": self._profile_steps.pop(mode, []), "stats": self._window.take().tolist(),
+        target = self.policy.round[self.policy.profile_index]
+        part = {"per_step": self._profile_steps.pop(target, []), "stats": self._window.take().tolist(),
                 "failure": failure}
-
-    def _end_round(self, trainer: Trainer) -> None:
-        """Pick, or profile the modes within noise of the cheapest once more (every rank, together)."""
-        self.profile_rounds += 1
-        gathered = distributed.gather(trainer, self._local_profiles)
-        decision = None
-        if trainer.is_global_zero:
-            profiles = merge_profiles(gathered, self.plan)
-            final = self.profile_rounds >= self.max_profile_rounds
-            decision = settle_mode(profiles, self.tolerance, self.objective, self.confidence, final,
-                                   self.profile_rounds, self.min_profile_rounds)
-            decision["profiles"] = profiles
+        following = self.policy.window_finished(part)
+        if following is not None:
+            self._switch(trainer, following, self.policy.profiling_reason())
+            return
+        # the round is over: rank zero settles it from every rank's profiles, every rank applies the decision
+        gathered = distributed.gather(trainer, self.policy.local_profiles)
+        decision = self.policy.settle(gathered) if trainer.is_global_zero else None
         decision = trainer.strategy.broadcast(decision, src=0)
         if decision["chosen"] is None:
-            self._round = round_order([m for m in self.plan if m in decision["contenders"]], self.noise_floor)
-            if self.profile_rounds % 2:  # every other round in reverse order: load drift cancels in the pool
-                self._round.reverse()
-            self._profile_index = 0
             rank_zero_info(f"PrecisionSwitch: {decision['reason']}")
-            self._switch(trainer, self._round[0], self._profiling_reason())
+            self._switch(trainer, *self.policy.apply_round(decision))
             return
-        self._decide(trainer, decision)
-
-    def _decide(self, trainer: Trainer, decision: dict) -> None:
+        mode, reason = self.policy.apply_round(decision)
         self.plugin.check_reference_steps = False  # profiling is over: 32-true steps as Lightning's own plugin
-        self.profiles = decision["profiles"]
+        metrics = {}
         for name, row in self.profiles.items():
-            if row["status"].startswith("rejected"):
-                self.rejected[name] = row["status"]
             self.nonfinite_losses += row["nonfinite_losses"]
             if row["nonfinite_losses"] and not MODES[name].reduced:
                 self._warn_unguarded_nonfinite(name, row["nonfinite_losses"], "while profiling")
-        means = [row["mean_loss"] for row in self.profiles.values() if row["mean_loss"] is not None]
-        self._best_loss = min(means, default=math.inf)
-        self.phase = "guarding"
-        self.chosen, self.decision = decision["chosen"], decision["reason"]
-        self._since_check = 0
-        metrics = {"precision/nonfinite_losses": float(self.nonfinite_losses)}
-        for name, row in self.profiles.items():
-            for key, metric in (("step_J", "step_J"), ("step_s", "step_s"), ("power_W", "power_W"),
-                                ("loss_gap", "loss_gap"), ("step_J_se", "step_J_se"), ("step_s_se", "step_s_se")):
+            for key in ("step_J", "step_s", "power_W", "loss_gap", "step_J_se", "step_s_se"):
                 if row[key] is not None:
-                    metrics[f"precision/{name}/{metric}"] = row[key]
-        self._log(trainer, metrics)
-        self._switch(trainer, self.chosen, decision["reason"])
+                    metrics[f"precision/{name}/{key}"] = row[key]
+        self._log(trainer, {"precision/nonfinite_losses": float(self.nonfinite_losses), **metrics})
+        self._switch(trainer, mode, reason)
 
     # ---------------------------------------------------------------- guarding
     def _check(self, trainer: Trainer) -> None:
-        self._since_check = 0
         stats = trainer.strategy.reduce(self._window.take(), reduce_op="sum").tolist()
-        gap = _gap(stats)
-        mean_loss = stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None
-        nonfinite = int(stats[_NONFINITE])
+        gap, mean_loss, nonfinite = window_summary(stats)
         self.nonfinite_losses += nonfinite
         metrics = {"precision/skipped_steps": float(self.plugin.skipped_steps),
                    "precision/nonfinite_losses": float(self.nonfinite_losses)}
@@ -512,24 +435,23 @@ class PrecisionSwitch(MeteredCallback):
             metrics["precision/loss_gap"] = gap
         self._log(trainer, metrics)
         step = trainer.global_step
-        self.checks.append({"step": step, "mode": self.current, "loss_gap": gap, "mean_loss": mean_loss,
+        current = self.policy.current
+        self.checks.append({"step": step, "mode": current, "loss_gap": gap, "mean_loss": mean_loss,
                             "nonfinite_losses": nonfinite})
-        if nonfinite and not MODES[self.current].reduced:
-            self._warn_unguarded_nonfinite(self.current, nonfinite, f"in the {self.check_every_n_steps} steps "
-                                                                    f"before step {step}")
+        if nonfinite and not MODES[current].reduced:
+            self._warn_unguarded_nonfinite(current, nonfinite, f"in the {self.check_every_n_steps} steps "
+                                                               f"before step {step}")
         self.checks_total += 1
         if len(self.checks) > KEPT_CHECKS:
             del self.checks[0]
-        if self.phase != "guarding":
+        if self.phase != GUARDING:
+            self.policy.checked(mean_loss, None)
             return
-        verdict = None
-        if trainer.is_global_zero:
-            verdict = self._guard_verdict(mean_loss, gap, stats[_NONFINITE])
+        verdict = self.policy.guard_verdict(mean_loss, gap, nonfinite) if trainer.is_global_zero else None
         verdict = trainer.strategy.broadcast(verdict, src=0)
-        if mean_loss is not None and mean_loss > 0 and verdict is None:
-            self._best_loss = min(self._best_loss, mean_loss)
+        self.policy.checked(mean_loss, verdict)
         if verdict is not None:
-            self._fall_back(trainer, self.current, verdict)
+            self._fall_back(trainer, current, verdict)
 
     def _warn_unguarded_nonfinite(self, mode: str, count: int, when: str) -> None:
         """Non-finite losses in a mode with nothing safer to fall back to: warn once per mode, train on."""
@@ -540,51 +462,19 @@ class PrecisionSwitch(MeteredCallback):
             "rate, the data and the model; the count is logged as precision/nonfinite_losses)",
         )
 
-    def _guard_verdict(self, mean_loss: float | None, gap: float | None, nonfinite: float) -> str | None:
-        if nonfinite and MODES[self.current].reduced:
-            return f"non-finite loss in {int(nonfinite)} steps since the last check"
-        best = self._best_loss
-        if mean_loss is not None and 0 < best < math.inf and mean_loss > self.explode_factor * best:
-            return (f"exploding loss: window mean {mean_loss:.4g} > {self.explode_factor:g} x lowest "
-                    f"{self._best_loss:.4g}")
-        if gap is None:
-            return None
-        if gap > self.tolerance:
-            self._drift_strikes += 1
-            if self._drift_strikes >= self.drift_patience:
-                return (f"loss gap {gap:.4g} > tolerance {self.tolerance:g} at {self._drift_strikes} "
-                        "checks in a row")
-        else:
-            self._drift_strikes = 0
-        return None
-
     def _fall_back(self, trainer: Trainer, mode: str, reason: str) -> None:
-        target = self._safer_mode(mode)
+        target = self.policy.fall_back(mode, reason, trainer.global_step)
         if target is None:
             self._warn_once(f"nothing-safer:{mode}", f"PrecisionSwitch: {reason} in {mode!r}, and no safer mode is "
                                                       "left to fall back to; training goes on in it")
             return
-        self.rejected[mode] = f"fell back: {reason}"
-        if mode in self.profiles:
-            self.profiles[mode]["status"] = f"fell back at step {trainer.global_step}: {reason}"
-        self._drift_strikes = 0
-        self._since_check = 0
         self._window.take()
         self._switch(trainer, target, f"fallback: {reason}")
 
-    def _safer_mode(self, mode: str) -> str | None:
-        code = MODES[mode].code
-        safer = [m for m in self.plan if MODES[m].code < code and m not in self.rejected]
-        return max(safer, key=lambda m: MODES[m].code) if safer else None
-
     # ---------------------------------------------------------------- switching and logging
-    def _request(self, mode: str) -> None:
-        self.plugin.request_mode(mode)
-
     def _switch(self, trainer: Trainer, mode: str, reason: str) -> None:
         previous = self.plugin.mode_name
-        self.current = mode
-        self._request(mode)
+        self.plugin.request_mode(mode)
         if previous == mode:
             return
         event = {"step": trainer.global_step, "epoch": trainer.current_epoch, "from": previous, "to": mode,
@@ -655,13 +545,8 @@ class PrecisionSwitch(MeteredCallback):
         if self._window is None:
             return dict(self._restored or {})
         return {
-            "plan": list(self.plan), "phase": self.phase, "current": self.current, "chosen": self.chosen,
-            "decision": self.decision, "profiles": self.profiles, "rejected": dict(self.rejected),
-            "switches": list(self.switches),
-            "local_profiles": dict(self._local_profiles), "profile_index": self._profile_index,
-            "round": list(self._round), "profile_rounds": self.profile_rounds,
-            "best_loss": self._best_loss, "checks": list(self.checks), "checks_total": self.checks_total,
-            "nonfinite_losses": self.nonfinite_losses,
+            **self.policy.state_dict(), "switches": list(self.switches), "checks": list(self.checks),
+            "checks_total": self.checks_total, "nonfinite_losses": self.nonfinite_losses,
         }
 
     @override
@@ -669,26 +554,10 @@ class PrecisionSwitch(MeteredCallback):
         self._restored = dict(state_dict)
 
     def _apply_restored(self, state: dict[str, Any]) -> None:
-        if self.mode is not None or state.get("phase") == "fixed":
-            if state.get("current") not in (None, self.mode):
-                raise ValueError(f"the checkpoint was trained in fixed mode {state.get('current')!r}, this "
-                                 f"PrecisionSwitch is fixed to {self.mode!r}")
-            self.switches = list(state.get("switches", []))
-            self.checks, self.checks_total = list(state.get("checks", [])), int(state.get("checks_total", 0))
-            self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
-            return
-        if list(state.get("plan", [])) != self.plan:
-            raise ValueError(f"the checkpoint profiled modes {state.get('plan')}, this PrecisionSwitch would "
-                             f"profile {self.plan}; resume with the same candidates")
-        self.phase = state["phase"]
-        self.current, self.chosen, self.decision = state["current"], state["chosen"], state.get("decision")
-        self.profiles, self.rejected = dict(state["profiles"]), dict(state["rejected"])
-        self.switches, self.checks = list(state["switches"]), list(state.get("checks", []))
-        self.checks_total = int(state.get("checks_total", len(self.checks)))
-        self._local_profiles, self._profile_index = dict(state["local_profiles"]), int(state["profile_index"])
-        self._round = list(state.get("round", self.plan))
-        self.profile_rounds = int(state.get("profile_rounds", 0))
-        self._best_loss = float(state["best_loss"])
+        fixed = self.mode is not None or state.get("phase") == FIXED
+        self.policy.load_state_dict(state)
+        self.switches, self.checks = list(state.get("switches", [])), list(state.get("checks", []))
+        self.checks_total = int(state.get("checks_total", 0 if fixed else len(self.checks)))
         self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
 
 
@@ -710,7 +579,8 @@ class _Sums:
 
 
 class _LossWindow:
-    """Training losses (and probe references) since the last check, kept on the device: no synchronisation per step."""
+    """Training losses (and probe references) since the last check, kept on the device: no synchronisation
+    per step. :meth:`take` sums them into the policy's window statistics (``N_STATS``)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -723,270 +593,29 @@ class _LossWindow:
             self.pairs.append(torch.stack((loss.double(), reference.double())))
 
     def take(self) -> torch.Tensor:
-        """The window's statistics (see ``_LOSS_SUM`` ... ``_GAP_N``) as a float64 tensor on the device, and a
-        fresh window."""
+        """The window's statistics (the layout of ``LOSS_SUM`` ... ``GAP_N`` in
+        :mod:`~lightning_energy.optimize.precision.policy`) as a float64 tensor on the device, and a fresh window."""
         stats = torch.zeros(N_STATS, dtype=torch.float64, device=self.device)
         if self.losses:
             losses = torch.stack(self.losses).double()
             finite = torch.isfinite(losses)
-            stats[_LOSS_SUM] = losses[finite].sum()
-            stats[_LOSS_N] = finite.sum()
-            stats[_NONFINITE] = (~finite).sum()
+            stats[LOSS_SUM] = losses[finite].sum()
+            stats[LOSS_N] = finite.sum()
+            stats[NONFINITE] = (~finite).sum()
         if self.pairs:
             pairs = torch.stack(self.pairs)
             both = torch.isfinite(pairs).all(dim=1)
-            stats[_DIFF_SUM] = (pairs[both, 0] - pairs[both, 1]).sum()
-            stats[_REF_SUM] = pairs[both, 1].sum()
-            stats[_GAP_N] = both.sum()
+            stats[DIFF_SUM] = (pairs[both, 0] - pairs[both, 1]).sum()
+            stats[REF_SUM] = pairs[both, 1].sum()
+            stats[GAP_N] = both.sum()
         self.losses, self.pairs = [], []
         return stats
-
-
-def _gap(stats: Sequence[float]) -> float | None:
-    """The relative loss gap of the probed steps of ``stats``: ``|sum(loss - ref)| / |sum(ref)|`` (None: none)."""
-    if not stats[_GAP_N]:
-        return None
-    diff, ref = abs(stats[_DIFF_SUM]), abs(stats[_REF_SUM])
-    return diff / ref if ref > 0 else (0.0 if diff == 0 else math.inf)
-
-
-def _add_profile(total: dict | None, part: dict) -> dict:
-    """A mode's local profile over rounds: the steps of both, statistics summed, the first failure."""
-    if total is None:
-        return part
-    return {"per_step": total["per_step"] + part["per_step"],
-            "stats": [x + y for x, y in zip(total["stats"], part["stats"])],
-            "failure": total["failure"] or part["failure"]}
-
-
-def _mean_and_se(values: list[float]) -> tuple[float | None, float | None]:
-    """The mean and its standard error (None with fewer than two values)."""
-    if not values:
-        return None, None
-    mean = math.fsum(values) / len(values)
-    if len(values) < 2:
-        return mean, None
-    variance = math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
-
-
-def round_order(modes: Sequence[str], aa_pair: bool = True) -> list[str]:
-    """The windows of a profiling round: the reference first and, with ``aa_pair`` when other modes are
-    profiled, once more at the end (an A/A pair: what the same mode shows against itself is the noise floor
-    of a pick; the pair also brackets the others in time, so a steady drift cancels in its mean)."""
-    others = [m for m in modes if m != REFERENCE_MODE]
-    if not aa_pair or REFERENCE_MODE not in modes or not others:
-        return list(modes)
-    return [REFERENCE_MODE, *others, REFERENCE_MODE]
-
-
-def _aa_floor(by_window: dict[tuple[int, int], list[list[float]]]) -> dict:
-    """The noise floor from A/A pairs (two windows of one mode in one round): the relative standard deviation
-    of a window's mean energy and time per step, ``sqrt(sum(d**2) / (2 * pairs))`` with ``d`` the relative
-    difference of a pair's means (None without a pair). It holds what the per-step spread misses: a machine
-    whose speed changes from one window to the next."""
-    rounds: dict[int, list[tuple[float, float]]] = {}
-    for (profile_round, _), steps in sorted(by_window.items()):
-        rounds.setdefault(profile_round, []).append((math.fsum(v[0] for v in steps) / len(steps),
-                                                     math.fsum(v[1] for v in steps) / len(steps)))
-    pairs = [means[:2] for means in rounds.values() if len(means) >= 2]
-    out: dict = {"aa_pairs": len(pairs), "window_J_rel_sd": None, "window_s_rel_sd": None}
-    for column, key in ((0, "window_J_rel_sd"), (1, "window_s_rel_sd")):
-        diffs = [(a[column] - b[column]) / ((a[column] + b[column]) / 2) for a, b in pairs
-                 if a[column] + b[column] > 0]
-        if diffs:
-            out[key] = math.sqrt(math.fsum(d * d for d in diffs) / (2 * len(diffs)))
-    return out
-
-
-def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str, dict]:
-    """One row per profiled mode from every rank's local profile.
-
-    Per profiled step (Lightning's step number): J summed over ranks, s of the slowest rank; the row holds
-    their means over the steps (``step_J``, ``step_s``), the standard errors of those means (``step_J_se``,
-    ``step_s_se``; None below two steps), the same from the means of the profiling rounds
-    (``step_J_round_se``, ``step_s_round_se``; None below two rounds: the noise of a machine whose load
-    changes from one round to the next, which the steps of one round do not show) and the loss statistics
-    summed over ranks."""
-    rows: dict[str, dict] = {}
-    for name in plan:
-        parts = [p[name] for p in per_rank if name in p]
-        if not parts:
-            continue
-        stats = [sum(p["stats"][i] for p in parts) for i in range(N_STATS)]
-        by_step: dict[int, list[float]] = {}
-        for part in parts:
-            for step, joules, seconds, profile_round, *window in part["per_step"]:
-                merged = by_step.setdefault(int(step), [0.0, 0.0, profile_round, window[0] if window else 0])
-                merged[0] += joules
-                merged[1] = max(merged[1], seconds)
-        step_J, step_J_se = _mean_and_se([v[0] for v in by_step.values()])
-        step_s, step_s_se = _mean_and_se([v[1] for v in by_step.values()])
-        by_round: dict[int, list[list[float]]] = {}
-        by_window: dict[tuple[int, int], list[list[float]]] = {}
-        for joules, seconds, profile_round, window in by_step.values():
-            by_round.setdefault(int(profile_round), []).append([joules, seconds])
-            by_window.setdefault((int(profile_round), int(window)), []).append([joules, seconds])
-        round_J = [math.fsum(v[0] for v in steps) / len(steps) for steps in by_round.values()]
-        round_s = [math.fsum(v[1] for v in steps) / len(steps) for steps in by_round.values()]
-        failure = next((p["failure"] for p in parts if p["failure"]), None)
-        rows[name] = {
-            "mode": name,
-            "code": MODES[name].code,
-            "steps": len(by_step),
-            "step_J": step_J,
-            "step_s": step_s,
-            "step_J_se": step_J_se,
-            "step_s_se": step_s_se,
-            "rounds": len(by_round),
-            "step_J_round_se": _mean_and_se(round_J)[1],
-            "step_s_round_se": _mean_and_se(round_s)[1],
-            "windows": len(by_window),
-            **_aa_floor(by_window),
-            "power_W": step_J / step_s if step_J is not None and step_s else None,
-            "loss_gap": _gap(stats),
-            "mean_loss": stats[_LOSS_SUM] / stats[_LOSS_N] if stats[_LOSS_N] else None,
-            "nonfinite_losses": int(stats[_NONFINITE]),
-            "failure": failure,
-            "status": "",
-        }
-    return rows
-
-
-def _objective_of(row: dict, objective: str, floor: dict | None = None) -> tuple[float, float, float]:
-    """(cost, standard error, degrees of freedom) of a row by ``objective``.
-
-    The standard error is the largest of the one from the steps, the one from the round means and, with
-    ``floor`` (the reference row's A/A noise floor, :func:`_aa_floor`), the floor's relative standard
-    deviation of one window over the square root of the row's windows (with the degrees of freedom of
-    whichever is used: steps - 1, rounds - 1, A/A pairs). A row without ``*_se`` fields is exact (se 0);
-    one whose standard error is unknown (fewer than two steps) has an infinite one."""
-    steps, rounds = row.get("steps", math.inf), row.get("rounds", 1)
-    windows = row.get("windows") or rounds
-
-    def part(key: str) -> tuple[float, float, float]:
-        value = row.get(key)
-        if value is None:
-            return math.inf, math.inf, 0
-        se, dof = row.get(f"{key}_se", 0.0), steps - 1
-        se = math.inf if se is None else se
-        round_se = row.get(f"{key}_round_se")
-        if round_se is not None and round_se > se:
-            se, dof = round_se, rounds - 1
-        relative_sd = (floor or {}).get(key.replace("step_", "window_") + "_rel_sd")
-        if relative_sd is not None and relative_sd * abs(value) / math.sqrt(windows) > se:
-            se, dof = relative_sd * abs(value) / math.sqrt(windows), floor["aa_pairs"]
-        return value, se, dof
-
-    energy, time_ = part("step_J"), part("step_s")
-    if objective == "energy":
-        return energy
-    if objective == "time":
-        return time_
-    # edp = J * s; its standard error by the delta method
-    cost = energy[0] * time_[0]
-    se = math.hypot(time_[0] * energy[1], energy[0] * time_[1]) if math.isfinite(cost) else math.inf
-    return cost, se, min(energy[2], time_[2])
-
-
-def _t_quantile(confidence: float, dof: float) -> float:
-    """The two-sided Student-t quantile at ``confidence`` (normal for unbounded degrees of freedom)."""
-    from scipy import stats  # lazily: only when a pick is due
-
-    tail = (1.0 + confidence) / 2.0
-    return float(stats.norm.ppf(tail) if not math.isfinite(dof) else stats.t.ppf(tail, max(dof, 1.0)))
-
-
-def _beyond_noise(a: tuple, b: tuple, confidence: float) -> bool:
-    """True when two (cost, se, degrees of freedom) differ by more than the noise bound at ``confidence``."""
-    (ca, sa, da), (cb, sb, db) = a, b
-    if not (math.isfinite(ca) and math.isfinite(cb) and math.isfinite(sa) and math.isfinite(sb)):
-        return False
-    bound = _t_quantile(confidence, min(da, db)) * math.hypot(sa, sb)
-    return abs(ca - cb) > bound
-
-
-def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, confidence: float = 0.95,
-                final: bool = True, rounds: int = 1, min_rounds: int = 1) -> dict:
-    """Pick a mode when the profiles settle it; fills each row's ``status``.
-
-    Returns ``{"chosen": mode or None, "reason": str, "contenders": [modes]}``. ``chosen`` is a mode other
-    than ``32-true`` only when that mode is cheaper than ``32-true`` by more than the noise bound (the
-    safest such mode within noise of the cheapest one); None when the cheapest mode is within noise of
-    ``32-true`` and this is not the ``final`` round (``contenders``: the modes within noise of the cheapest,
-    to profile again); ``32-true`` when it is the cheapest or, in the final round, still within noise. Before
-    a multiple of ``min_rounds`` rounds (and not ``final``) a mode other than ``32-true`` is not chosen yet:
-    ``contenders`` are then the modes to profile once more to confirm it.
-    """
-    eligible = {}
-    for name, row in profiles.items():
-        if row["failure"]:
-            row["status"] = f"rejected: {row['failure']}"
-        elif row["nonfinite_losses"] and MODES[name].reduced:
-            row["status"] = f"rejected: {row['nonfinite_losses']} non-finite losses"
-        elif name != REFERENCE_MODE and row["loss_gap"] is not None and row["loss_gap"] > tolerance:
-            row["status"] = f"rejected: loss gap {row['loss_gap']:.4g} > tolerance {tolerance:g}"
-        else:
-            eligible[name] = row
-    if objective == "energy" and not any(row["step_J"] for row in eligible.values()):
-        objective = "time"  # no energy was measured
-    floor = profiles.get(REFERENCE_MODE) if profiles.get(REFERENCE_MODE, {}).get("aa_pairs") else None
-    cost = {name: _objective_of(row, objective, floor) for name, row in eligible.items()}
-    label = f"{objective} within tolerance {tolerance:g}"
-    noise = f"{confidence:.0%} confidence, {rounds} round{'s' if rounds > 1 else ''}"
-    contenders: list[str] = []
-    if not eligible:
-        chosen, reason = REFERENCE_MODE, "profiled: no mode eligible"
-    else:
-        best = min(eligible, key=lambda n: (cost[n][0], MODES[n].code))
-        reference = cost.get(REFERENCE_MODE)
-        contenders = [n for n in eligible if not _beyond_noise(cost[n], cost[best], confidence)]
-        if best == REFERENCE_MODE or reference is None:
-            chosen, reason = best, f"profiled: cheapest by {label} ({noise})"
-        elif _beyond_noise(cost[best], reference, confidence):
-            cheaper = [n for n in contenders if n != REFERENCE_MODE and cost[n][0] < reference[0]
-                       and _beyond_noise(cost[n], reference, confidence)]
-            chosen = min(cheaper, key=lambda n: MODES[n].code)
-            ratio = cost[chosen][0] / reference[0] if reference[0] > 0 else math.nan
-            reason = (f"profiled: cheaper than {REFERENCE_MODE} beyond noise by {label} "
-                      f"({ratio:.3g} x its cost; {noise})")
-            if rounds % min_rounds and not final:
-                contenders = [n for n in eligible if n in contenders or n == REFERENCE_MODE]
-                chosen, reason = None, (f"{best} is cheaper than {REFERENCE_MODE} beyond noise by {objective} "
-                                        f"({ratio:.3g} x; {noise}): confirming in another round, "
-                                        f"{', '.join(contenders)}")
-        elif not final:
-            chosen, reason = None, (f"{best} is within noise of {REFERENCE_MODE} by {objective} ({noise}): "
-                                    f"profiling {', '.join(contenders)} again")
-        else:
-            chosen, reason = REFERENCE_MODE, (f"profiled: no mode cheaper than {REFERENCE_MODE} beyond noise by "
-                                              f"{label} ({noise}): keeps {REFERENCE_MODE}")
-    for name, row in eligible.items():
-        row["status"] = "chosen" if name == chosen else "eligible"
-    return {"chosen": chosen, "reason": reason, "contenders": contenders}
-
-
-def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str,
-              confidence: float = 0.95) -> tuple[str, str]:
-    """The mode to train with once profiling is over, and why (:func:`settle_mode` in its final round)."""
-    decision = settle_mode(profiles, tolerance, objective, confidence, final=True)
-    return decision["chosen"], decision["reason"]
 
 
 def _log_step(trainer: Trainer) -> int:
     return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
 
 
-def _positive_float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _int_at_least(name: str, value: Any, lowest: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-        raise ValueError(f"`{name}` must be an integer >= {lowest}, got {value!r}")
-    return value
-
-
-__all__ = ["PrecisionSwitch", "merge_profiles", "pick_mode", "settle_mode"]
+# the decision rules live in the policy; re-exported here, where they were before
+__all__ = ["DEFAULT_CANDIDATES", "OBJECTIVES", "PrecisionSwitch", "merge_profiles", "pick_mode", "round_order",
+           "settle_mode"]
