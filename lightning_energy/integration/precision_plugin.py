@@ -2,17 +2,22 @@
 :mod:`lightning_energy.optimize.precision.modes`).
 
 Lightning fixes its precision plugin when the Trainer is built. :class:`SwitchablePrecision` is one plugin
-that delegates to the current :class:`PrecisionMode`: the autocast dtype of the forward pass, the gradient
-scaler, the TF32 switches of CUDA, or float64 parameters. A change of mode requested while gradients are
-being accumulated waits until the optimizer step that consumes them, so that gradients of one step are
-never a mixture of scaled and unscaled values. Parameters keep their master dtype (float32; float64 for
-``64-true``), so the optimizer's state never changes dtype.
-
-The modes and their logged codes are listed in :mod:`lightning_energy.optimize.precision.modes`.
+that delegates to Lightning's own plugin of the current mode (:func:`lightning_plugin`): ``Precision`` for
+``32-true`` and ``tf32``, ``MixedPrecision`` for ``bf16-mixed``, ``16-mixed`` (holding this plugin's one
+gradient scaler, kept while other modes run) and ``16-mixed-noscale`` (float16 autocast, no scaler), and
+``DoublePrecision`` for ``64-true``. On top of them it adds what none of them has: the TF32 switches of CUDA,
+the count of steps the gradient scaler skips, and skipping an optimizer step with non-finite gradients in
+the reduced modes without a scaler. A change of mode requested while gradients are being accumulated waits
+until the optimizer step that consumes them, so that gradients of one step are never a mixture of scaled
+and unscaled values. Parameters keep their master dtype (float32; float64 for ``64-true``), so the
+optimizer's state never changes dtype.
 
 Switching between ``64-true`` and the other modes after setup is refused with an error: it would change
 the parameters' dtype under the optimizer's state and DDP's gradient buckets, which are both built for
 the dtype present at setup. Use ``64-true`` as a fixed mode from the start of a run.
+
+Two protected parts of Lightning are used, each in one function (checked with Lightning 2.6.6):
+:func:`_closure_then_pre_step_hooks` and :func:`_unscales_inside_step`.
 """
 
 from __future__ import annotations
@@ -22,11 +27,8 @@ from collections.abc import Generator
 from typing import Any, Callable
 
 import torch
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
-from lightning.fabric.plugins.precision.utils import _convert_fp_tensor, _DtypeContextManager
-from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.plugins.precision import DoublePrecision, MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torch.optim import LBFGS
 from typing_extensions import override
@@ -74,6 +76,7 @@ class SwitchablePrecision(Precision):
         self._connected_dtype: torch.dtype | None = None  # parameter dtype fixed at setup
         self._scaler: torch.amp.GradScaler | None = None  # kept while in other modes: its state survives
         self._saved_flags: tuple | None = None  # the user's TF32 switches, restored at teardown
+        self._delegates: dict[tuple[str, str, bool], Precision] = {}  # Lightning's plugin of each mode, built once
         self.skipped_steps = 0
         self.consecutive_skips = 0
         self.check_reference_steps = False
@@ -102,6 +105,22 @@ class SwitchablePrecision(Precision):
     def scaler(self) -> torch.amp.GradScaler | None:
         """The gradient scaler in use now (None in modes without scaling)."""
         return self._scaler if self._mode.grad_scaling else None
+
+    def delegate(self, mode: PrecisionMode | None = None) -> Precision:
+        """Lightning's own plugin that runs ``mode`` (default: the current mode) on this device, built once.
+
+        In ``16-mixed`` it holds this plugin's gradient scaler; before the scaler exists (the device is not
+        known yet) a ``16-mixed`` step runs as ``16-mixed-noscale`` does."""
+        mode = mode or self._mode
+        device = self.device_type or "cpu"
+        scaler = self._scaler if mode.grad_scaling else None
+        key = (mode.name, device, scaler is not None)
+        delegate = self._delegates.get(key)
+        if delegate is None:
+            delegate = self._delegates[key] = lightning_plugin(mode, device, scaler)
+        if scaler is not None:
+            delegate.scaler = scaler  # the one scaler, whose state every stint in 16-mixed carries on
+        return delegate
 
     def request_mode(self, name: str) -> bool:
         """Switch to mode ``name`` now, or after the next optimizer step if gradients are accumulating.
@@ -153,7 +172,7 @@ class SwitchablePrecision(Precision):
     # ---------------------------------------------------------------- set-up
     @override
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        return module.double() if self._mode.param_dtype == torch.float64 else module
+        return self.delegate().convert_module(module)
 
     @override
     def connect(self, model: torch.nn.Module, optimizers: list, lr_schedulers: list) -> tuple:
@@ -187,19 +206,15 @@ class SwitchablePrecision(Precision):
     # ---------------------------------------------------------------- forward
     @override
     def convert_input(self, data: Any) -> Any:
-        if self._mode.param_dtype == torch.float64:
-            return apply_to_collection(data, function=_convert_fp_tensor, dtype=Tensor, dst_type=torch.float64)
-        return data
+        return self.delegate().convert_input(data)
 
     @override
     def tensor_init_context(self) -> contextlib.AbstractContextManager:
-        if self._mode.param_dtype == torch.float64:
-            return _DtypeContextManager(torch.float64)
-        return contextlib.nullcontext()
+        return self.delegate().tensor_init_context()
 
     @override
     def module_init_context(self) -> contextlib.AbstractContextManager:
-        return self.tensor_init_context()
+        return self.delegate().module_init_context()
 
     @contextlib.contextmanager
     def forward_context(self) -> Generator[None, None, None]:
@@ -208,7 +223,8 @@ class SwitchablePrecision(Precision):
 
     @contextlib.contextmanager
     def mode_context(self, mode: PrecisionMode) -> Generator[None, None, None]:
-        """The forward-pass context of ``mode`` (its TF32 switches too, restored on exit)."""
+        """The forward-pass context of ``mode``: its Lightning plugin's (autocast, float64 default dtype) and
+        its TF32 switches (restored on exit)."""
         if self._saved_flags is None and self.device_type == "cuda":
             self._apply_flags()  # a new stage after teardown
         swap_flags = self.device_type == "cuda" and mode.tf32 != self._mode.tf32
@@ -216,13 +232,7 @@ class SwitchablePrecision(Precision):
             torch.set_float32_matmul_precision("high" if mode.tf32 else "highest")
             torch.backends.cudnn.allow_tf32 = mode.tf32
         try:
-            if mode.param_dtype == torch.float64:
-                with _DtypeContextManager(torch.float64):
-                    yield
-            elif mode.autocast_dtype is not None:
-                with torch.autocast(self.device_type or "cpu", dtype=mode.autocast_dtype, cache_enabled=False):
-                    yield
-            else:
+            with self.delegate(mode).forward_context():
                 yield
         finally:
             if swap_flags:
@@ -232,21 +242,28 @@ class SwitchablePrecision(Precision):
     @override
     def pre_backward(self, tensor: Tensor, module) -> Tensor:  # type: ignore[override]
         self._grads_pending = True
-        if self.scaler is not None:
-            tensor = self.scaler.scale(tensor)
-        return super().pre_backward(tensor, module)
+        return self.delegate().pre_backward(tensor, module)  # 16-mixed: scaled by the scaler
+
+    @override
+    def backward(self, tensor: Tensor, model, optimizer, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.delegate().backward(tensor, model, optimizer, *args, **kwargs)
+
+    @override
+    def post_backward(self, tensor: Tensor, module) -> Tensor:  # type: ignore[override]
+        return self.delegate().post_backward(tensor, module)
 
     @override
     def optimizer_step(  # type: ignore[override]
         self, optimizer, model, closure: Callable[[], Any], **kwargs: Any
     ) -> Any:
+        delegate = self.delegate()
         try:
             if self.scaler is not None:
-                return self._scaled_step(optimizer, model, closure, **kwargs)
+                return self._scaled_step(delegate, optimizer, model, closure, **kwargs)
             if not (self.skip_nonfinite_steps and self._mode.reduced) or isinstance(optimizer, LBFGS):
                 if self.check_reference_steps and self.skip_nonfinite_steps and not isinstance(optimizer, LBFGS):
                     closure = self._checking_closure(optimizer, closure)
-                return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+                return delegate.optimizer_step(optimizer, model=model, closure=closure, **kwargs)
             return self._checked_step(optimizer, model, closure, **kwargs)
         finally:
             self._grads_pending = False
@@ -254,42 +271,45 @@ class SwitchablePrecision(Precision):
                 pending, self._pending = self._pending, None
                 self._activate(pending)
 
-    def _scaled_step(self, optimizer, model, closure: Callable[[], Any], **kwargs: Any) -> Any:
-        """Lightning's ``MixedPrecision.optimizer_step``, counting the steps the scaler skips."""
-        scaler = self.scaler
+    def _scaled_step(self, delegate: MixedPrecision, optimizer, model, closure: Callable[[], Any],
+                     **kwargs: Any) -> Any:
+        """``MixedPrecision.optimizer_step`` (unscale once, clip, the scaler's step and update), counting the
+        steps the scaler skips."""
         if isinstance(optimizer, LBFGS):
             raise ValueError("gradient scaling ('16-mixed') does not work with the LBFGS optimizer")
-        closure_result = closure()
-        skip_unscaling = closure_result is None and model.automatic_optimization  # backward was skipped
-        unscales_inside = _optimizer_handles_unscaling(optimizer)  # a fused optimizer
-        if not unscales_inside and not skip_unscaling:
-            scaler.unscale_(optimizer)  # before gradient clipping in _after_closure
-        self._after_closure(model, optimizer)
-        if skip_unscaling:
-            return closure_result
-        if unscales_inside or not isinstance(optimizer, torch.optim.Optimizer):
+        scaler = delegate.scaler
+        results: list[Any] = []
+
+        def recorded() -> Any:
+            results.append(closure())
+            return results[-1]
+
+        def backward_ran() -> bool:  # else Lightning's plugin returns before the scaler's step and update
+            return bool(results) and not (results[0] is None and model.automatic_optimization)
+
+        if _unscales_inside_step(optimizer) or not isinstance(optimizer, torch.optim.Optimizer):
             # the optimizer's step runs (and skips inside) in any case: the scale backs off iff it skipped
             scale_before = scaler.get_scale()  # two extra host-device synchronisations
-            step_output = scaler.step(optimizer, **kwargs)
-            scaler.update()
-            self._count_step(skipped=scaler.get_scale() < scale_before)
+            step_output = delegate.optimizer_step(optimizer, model=model, closure=recorded, **kwargs)
+            if backward_ran():
+                self._count_step(skipped=scaler.get_scale() < scale_before)
             return step_output
         stepped: list[bool] = []  # the scaler calls optimizer.step only on finite gradients: no extra sync
         handle = optimizer.register_step_post_hook(lambda *_: stepped.append(True))
         try:
-            step_output = scaler.step(optimizer, **kwargs)
+            step_output = delegate.optimizer_step(optimizer, model=model, closure=recorded, **kwargs)
         finally:
             handle.remove()
-        scaler.update()
-        self._count_step(skipped=not stepped)
+        if backward_ran():
+            self._count_step(skipped=not stepped)
         return step_output
 
     def _checked_step(self, optimizer, model, closure: Callable[[], Any], **kwargs: Any) -> Any:
-        closure_result = closure()
-        skip_check = closure_result is None and model.automatic_optimization
-        self._after_closure(model, optimizer)
-        if skip_check:
-            return closure_result
+        """The step of a reduced mode without a scaler: skipped when a gradient is not finite (no Lightning
+        plugin skips: theirs run the closure inside ``optimizer.step``, which cannot be called off then)."""
+        closure_result = _closure_then_pre_step_hooks(self.delegate(), model, optimizer, closure)
+        if closure_result is None and model.automatic_optimization:
+            return closure_result  # backward was skipped
         if not gradients_finite(optimizer):
             self._count_step(skipped=True)
             return closure_result
@@ -317,12 +337,10 @@ class SwitchablePrecision(Precision):
     @override
     def clip_gradients(self, optimizer, clip_val=0.0,  # type: ignore[override]
                        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
-        if self.scaler is not None and clip_val > 0 and _optimizer_handles_unscaling(optimizer):
-            raise RuntimeError(
-                f"{type(optimizer).__qualname__} unscales gradients inside its step (a fused optimizer?), so "
-                "gradients cannot be clipped in '16-mixed'"
-            )
-        super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+        if self.scaler is not None:  # MixedPrecision refuses to clip for an optimizer that unscales inside
+            self.delegate().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+        else:  # unscaled gradients clip with any optimizer (MixedPrecision('bf16-mixed') would refuse a fused one)
+            super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
 
     # ---------------------------------------------------------------- checkpoints
     @override
@@ -353,3 +371,43 @@ def gradients_finite(optimizer) -> bool:
         return True
     # the norm overflows for huge finite values too: look at the elements before calling it non-finite
     return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def lightning_plugin(mode: PrecisionMode, device_type: str, scaler: torch.amp.GradScaler | None = None) -> Precision:
+    """Lightning's own precision plugin that runs ``mode`` on ``device_type``: the autocast context, the
+    gradient scaling (with ``scaler`` in ``16-mixed``), the float64 conversion of ``64-true``. TF32 has no
+    Lightning plugin: ``tf32`` is ``Precision`` plus switches the caller sets."""
+    if mode.param_dtype == torch.float64:
+        return DoublePrecision()
+    if mode.autocast_dtype is None:
+        return Precision()
+    precision = "bf16-mixed" if mode.autocast_dtype == torch.bfloat16 else "16-mixed"
+    if scaler is not None:
+        return MixedPrecision(precision, device_type, scaler=scaler)
+    plugin = MixedPrecision(precision, device_type)
+    plugin.scaler = None  # float16 without scaling: MixedPrecision builds a scaler for '16-mixed'; not used here
+    return plugin
+
+
+def _closure_then_pre_step_hooks(plugin: Precision, model, optimizer, closure: Callable[[], Any]) -> Any:
+    """Run the closure (forward and backward), then what Lightning runs between it and the optimizer's step:
+    the ``on_before_optimizer_step`` hooks and gradient clipping, i.e. ``Precision._after_closure``.
+
+    A protected method with no public counterpart (checked with Lightning 2.6.6; ``MixedPrecision`` calls
+    it the same way). A step that may be skipped needs it: ``Precision.optimizer_step`` runs the closure
+    inside ``optimizer.step``, which cannot be called off once the gradients are seen."""
+    closure_result = closure()
+    plugin._after_closure(model, optimizer)
+    return closure_result
+
+
+def _unscales_inside_step(optimizer) -> bool:
+    """True for an optimizer that unscales (and skips) inside its own step (fused Adam): the gradient scaler
+    then calls its step even on non-finite gradients, and only the scale's back-off tells a skipped step.
+
+    The test ``MixedPrecision`` itself uses to decide whether to unscale: the private
+    ``lightning.fabric.plugins.precision.amp._optimizer_handles_unscaling`` (no public counterpart; checked
+    with Lightning 2.6.6), which reads torch's ``optimizer._step_supports_amp_scaling``."""
+    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    return _optimizer_handles_unscaling(optimizer)
