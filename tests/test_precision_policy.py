@@ -96,15 +96,21 @@ def choosing(**kwargs) -> PrecisionPolicy:
     return policy
 
 
-def test_the_policy_imports_no_lightning_and_nothing_above_optimize():
-    """It decides; hooking into Lightning is the callback's job (a fresh interpreter: no import sneaks in)."""
-    tree = ast.parse(Path(policy_module.__file__).read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert "lightning_energy.optimize.precision.modes" in imported  # the walk sees the imports
-    assert not [m for m in imported if m.split(".")[0] in ("lightning", "pytorch_lightning")
-                or m.startswith(("lightning_energy.callbacks", "lightning_energy.integration"))]
-    code = ("import sys; import lightning_energy.optimize.precision.policy; "
+PRECISION_MODULES = sorted(p.stem for p in Path(policy_module.__file__).parent.glob("*.py") if p.stem != "__init__")
+
+
+def test_the_precision_decisions_import_no_lightning_and_nothing_above_optimize():
+    """They decide; hooking into Lightning is the callback's job (a fresh interpreter: no import sneaks in)."""
+    assert {"modes", "policy", "probe", "report"} <= set(PRECISION_MODULES)
+    for name in PRECISION_MODULES:
+        tree = ast.parse((Path(policy_module.__file__).parent / f"{name}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        assert imported, name  # the walk sees the imports
+        assert not [m for m in imported if m.split(".")[0] in ("lightning", "pytorch_lightning")
+                    or m.startswith(("lightning_energy.callbacks", "lightning_energy.integration"))], name
+    modules = "; ".join(f"import lightning_energy.optimize.precision.{name}" for name in PRECISION_MODULES)
+    code = (f"import sys; {modules}; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning') "
             "or m.startswith(('lightning_energy.callbacks', 'lightning_energy.integration'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
