@@ -47,7 +47,7 @@ class Machine:
 
     def one_step(self, failure_if_skipped: bool = False, consecutive: int = 0) -> str:
         policy, mode = self.policy, self.mode
-        if policy.phase == PROFILING and policy.steps_in_mode == 0 and mode == policy.round[policy.profile_index]:
+        if policy.phase == PROFILING and policy.steps_in_mode == 0 and mode == policy.window_mode:
             self.windows.append(mode)
         profiled = policy.profiled_mode(mode)
         if profiled is not None:

@@ -396,7 +396,7 @@ class PrecisionSwitch(MeteredCallback):
         # steps later: wait (bounded) until the samples cover this moment, then have them all delivered
         self.attachment.meter.wait(self.timeline.mark())
         self.timeline.flush(trainer)
-        target = self.policy.round[self.policy.profile_index]
+        target = self.policy.window_mode
         part = {"per_step": self._profile_steps.pop(target, []), "stats": self._window.take().tolist(),
                 "failure": failure}
         following = self.policy.window_finished(part)

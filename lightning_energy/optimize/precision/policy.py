@@ -140,11 +140,16 @@ class PrecisionPolicy:
         self.round = round_order(self.plan, self.noise_floor)
         return dropped
 
+    @property
+    def window_mode(self) -> str:
+        """The mode of the profiling window under way (the phase is :data:`PROFILING`)."""
+        return self.round[self.profile_index]
+
     def start_mode(self) -> str | None:
         """The mode training (re)starts in: the window being profiled, else the current mode."""
         if self.phase == PROFILING:
             self.steps_in_mode = 0  # a window cut by a restart is profiled from its warm-up again
-            return self.round[self.profile_index]
+            return self.window_mode
         return self.current
 
     def start_reason(self) -> str:
@@ -157,7 +162,7 @@ class PrecisionPolicy:
     # ---------------------------------------------------------------- each optimizer step
     def profiled_mode(self, mode: str) -> str | None:
         """The mode whose profile a step now starting in ``mode`` counts in (past its warm-up), else None."""
-        if self.phase != PROFILING or mode != self.round[self.profile_index]:
+        if self.phase != PROFILING or mode != self.window_mode:
             return None
         return mode if self.steps_in_mode >= self.warmup_steps else None
 
@@ -166,7 +171,7 @@ class PrecisionPolicy:
         if mode == REFERENCE_MODE:
             return False
         if self.phase == PROFILING:
-            return mode == self.round[self.profile_index]
+            return mode == self.window_mode
         # the last ``probe_batches`` steps before each check
         return self.check_every_n_steps > 0 and self.since_check >= self.check_every_n_steps - self.probe_batches
 
@@ -188,7 +193,7 @@ class PrecisionPolicy:
         :meth:`fall_back`), :data:`CHECK` (a guard check is due: measure the window, :meth:`guard_verdict`)
         or :data:`NOTHING`."""
         if self.phase == PROFILING:
-            if mode != self.round[self.profile_index]:
+            if mode != self.window_mode:
                 return NOTHING  # a deferred switch (gradient accumulation) has not happened yet
             self.steps_in_mode += 1
             done = self.steps_in_mode >= self.warmup_steps + self.profile_steps
@@ -205,12 +210,12 @@ class PrecisionPolicy:
         """This rank's profile of the window just finished (``{"per_step": [[step, J, s, round, window],
         ...], "stats": [N_STATS numbers], "failure": str | None}``): the next window's mode, or None when the
         round is over (then :meth:`settle` on rank zero and :meth:`apply_round` on every rank)."""
-        target = self.round[self.profile_index]
+        target = self.window_mode
         self.local_profiles[target] = add_profile(self.local_profiles.get(target), part)
         self.profile_index += 1
         self.steps_in_mode = 0
         if self.profile_index < len(self.round):
-            self.current = self.round[self.profile_index]
+            self.current = self.window_mode
             return self.current
         self.profile_rounds += 1
         return None
