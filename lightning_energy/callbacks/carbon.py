@@ -18,10 +18,12 @@ from lightning_energy.carbon import (
     CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures
 from lightning_energy.measure.meter import measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_tracker_started
 from lightning_energy.units import J_PER_KWH
 
 CARBON_REPORT_FILE = "carbon_report.json"
@@ -188,10 +190,7 @@ class CarbonCallback(MeteredCallback):
 
     @staticmethod
     def _show_total(trainer: Trainer, grams: float) -> None:
-        bar = getattr(trainer._logger_connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
-        bar["gCO2e"] = grams
+        progress_bar_dict(trainer)["gCO2e"] = grams
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -279,7 +278,7 @@ def _start_codecarbon(country_iso_code: str, region: str | None, pue: float, log
     except Exception as err:  # the cross-check must never break the fit
         message = f"CodeCarbon's tracker could not start ({type(err).__name__}: {err})"
     else:
-        if getattr(tracker, "_start_time", None) is not None:
+        if codecarbon_tracker_started(tracker):
             return tracker
         message = "CodeCarbon's tracker did not start (it swallowed an error; run it alone to see why)"
     rank_zero_warn(f"lightning-energy: {message}; no cross-check in the carbon report")

@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import Mark
@@ -369,10 +370,7 @@ class EnergyCallback(MeteredCallback):
     def _show_total(trainer: Trainer, total_J: float) -> None:
         # Into the progress bar's own dict: the `progress_bar_metrics` getter would first recompute (and
         # synchronise) every logged tensor, and `pl_module.log` costs ~1 ms per call.
-        bar = getattr(trainer._logger_connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
-        bar["energy_kJ"] = round(total_J / 1000.0, 3)
+        progress_bar_dict(trainer)["energy_kJ"] = round(total_J / 1000.0, 3)
 
     def _warn_failures(self) -> None:
         """Warn once per failed sensor, on the rank where it failed (not only on rank zero)."""

@@ -12,6 +12,7 @@ from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
@@ -141,7 +142,7 @@ class EnergyToAccuracy(MeteredCallback):
         rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
                        f"{self.result['energy_to_target_J']:.1f} J and {self.result['time_to_target_s']:.1f} s")
         metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         if self.stop:
             trainer.should_stop = True
 

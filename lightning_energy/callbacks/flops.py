@@ -12,6 +12,7 @@ from typing_extensions import override
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.predict.peaks import Peak, device_peak, precision_of
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
@@ -154,7 +155,7 @@ class FlopsCallback(MeteredCallback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # recorded at the batch's start: the timeline may measure the step as soon as it ends
-        number = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step this batch belongs to
+        number = batches_that_stepped(trainer)  # the step this batch belongs to
         step = self._steps.setdefault(number, {"epoch": trainer.current_epoch, "samples": {}, "counted": False})
         if self.table is None and self._recorder is None:
             self._recorder = FlopsRecorder(pl_module)

@@ -19,6 +19,7 @@ from lightning_energy.predict.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import callback_metrics_dict, progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
@@ -202,14 +203,8 @@ class ForecastCallback(MeteredCallback):
         self.log_metrics(trainer, metrics, step)
         if not trainer.is_global_zero:
             return
-        connector = trainer._logger_connector
-        callback_metrics = getattr(connector, "_callback_metrics", None)
-        if callback_metrics is None:
-            callback_metrics = trainer.callback_metrics
-        callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
-        bar = getattr(connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
+        callback_metrics_dict(trainer).update({name: torch.tensor(value) for name, value in metrics.items()})
+        bar = progress_bar_dict(trainer)
         bar["forecast_kJ"] = forecast.total_J / 1000.0
         bar["forecast_gCO2e"] = forecast.total_gCO2e
 

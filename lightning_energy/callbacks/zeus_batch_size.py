@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
@@ -255,7 +256,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self.reports.append(row)
         metrics = {"bso/batch_size": float(self.batch_size), "bso/energy_J": result.energy, "bso/time_s": result.time,
                    "bso/cost": row["cost"]}
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         return answer.dict()
 
     # ---------------------------------------------------------------- resume

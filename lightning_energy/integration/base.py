@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.integration import session as sessions
+from lightning_energy.integration.lightning_internals import summary_file_writer, tensorboard_tag_prefix
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor, validate_sensors
 from lightning_energy.measure.sensors.detect import BACKENDS
@@ -199,9 +200,9 @@ def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
         return False
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    prefix = f"{logger._prefix}{logger.LOGGER_JOIN_CHAR}" if logger._prefix else ""
+    prefix = tensorboard_tag_prefix(logger)
     values = [Summary.Value(tag=f"{prefix}{name}", simple_value=float(value)) for name, value in metrics.items()]
-    logger.experiment._get_file_writer().add_summary(Summary(value=values), step)
+    summary_file_writer(logger.experiment).add_summary(Summary(value=values), step)
     return True
 
 
