@@ -310,3 +310,25 @@ def test_per_sample_method_picks_the_largest_batch_in_the_same_scenario(tmp_path
         assert r["energy_per_sample_J"] == pytest.approx(STEP_W * step_s(r["batch_size"]) / r["batch_size"], rel=1e-9)
     saved = json.loads(search.result_file.read_text())
     assert (saved["method"], saved["cost_per"]) == ("per_sample", "sample")
+
+
+def test_batch_length_counts_samples_as_lightning_logs_them():
+    """Lightning's rule (``extract_batch_size``: first tensor, depth first, through dataclasses and mappings)
+    without its "ambiguous collection" warning on a batch that carries non-tensor metadata."""
+    from dataclasses import dataclass
+
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from lightning_energy.optimize.batch_size import batch_length
+
+    @dataclass
+    class Batch:
+        features: torch.Tensor
+        target: torch.Tensor
+
+    batches = [Batch(torch.zeros(5, 2), torch.zeros(5)), ([torch.zeros(4)], torch.zeros(4)),
+               {"x": torch.zeros(3, 1), "y": torch.zeros(3)}, torch.tensor(1.0)]
+    assert [batch_length(b) for b in batches] == [extract_batch_size(b) for b in batches] == [5, 4, 3, 1]
+    assert batch_length(([torch.zeros(4)], torch.zeros(8))) == 4  # depth first, as Lightning
+    assert batch_length({"names": ["a.root", "b.root"], "x": torch.zeros(2, 7)}) == 2  # no warning (error here)
+    assert batch_length(["a", 1, None]) is None

@@ -43,6 +43,24 @@ def reset_fit_dataloaders(trainer) -> None:
     loop.epoch_loop.val_loop.setup_data()
 
 
+# ---------------------------------------------------------------------- batches
+def first_batch_size(batch: Any) -> int | None:
+    """The batch size Lightning infers for ``self.log``: the first dimension of the first tensor, depth first
+    through sequences, mappings and dataclasses (a 0-d tensor counts 1); None where the batch holds no tensor.
+
+    Lightning's public ``lightning.pytorch.utilities.data.extract_batch_size`` walks the whole batch and
+    warns ("ambiguous collection ... use self.log(..., batch_size=...)") at the first leaf of another size,
+    which includes every non-tensor leaf (a file name, a label string); a callback that only counts samples
+    must not raise that on the user's training steps. So its generator, ``_extract_batch_size``, is taken
+    here and its first size kept (checked: Lightning 2.6.6)."""
+    from lightning.pytorch.utilities.data import _extract_batch_size
+
+    try:
+        return next((size for size in _extract_batch_size(batch) if size is not None), None)
+    except RecursionError:
+        return None
+
+
 # ---------------------------------------------------------------------- the trainer's connectors
 def strategy_is_distributed(trainer) -> bool:
     """Whether the trainer's strategy runs several processes: ``_accelerator_connector.is_distributed``, the

@@ -491,6 +491,7 @@ def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int,
     """One grid point as a normal Lightning fit; returns its results row (``clock``: see :func:`run_sweep`)."""
     import lightning as L
     from lightning.fabric.utilities.seed import seed_everything
+    from lightning.pytorch.cli import instantiate_class
     from lightning.pytorch.loggers import CSVLogger
 
     from lightning_energy.callbacks.batch_sample_estimate import BatchSampleEstimate
@@ -501,13 +502,14 @@ def run_one(config: SweepConfig, repetition: int, point: dict, order_index: int,
 
     name = run_name(repetition, point)
     seed_everything(config.seed, verbose=False)
-    model_args = dict(config.model["init_args"])
+    # as LightningCLI builds a class_path spec; the grid's batch size goes to the datamodule where there is
+    # one, else to the model; the datamodule first (both may draw from the seeded random state)
+    batch = {"batch_size": point["batch_size"]}
     data = None
     if config.data is not None:
-        data = config.data["cls"](**config.data["init_args"], batch_size=point["batch_size"])
-    else:
-        model_args["batch_size"] = point["batch_size"]
-    model = config.model["cls"](**model_args)
+        data = instantiate_class((), {**config.data, "init_args": {**config.data["init_args"], **batch}})
+    model_args = config.model["init_args"] if config.data is not None else {**config.model["init_args"], **batch}
+    model = instantiate_class((), {**config.model, "init_args": model_args})
     hardware = simulated_hardware(config.simulated, point["power_limit_W"], clock) if config.simulated else None
     sensors = hardware.sensors if hardware is not None else None
     kind = {"simulated": "simulated GPU", "real": "real GPU"}.get(config.power_limits)
