@@ -249,6 +249,47 @@ def test_the_private_use_rule_catches_a_breach(source):
     assert private_use_violations({"lightning_energy.callbacks.energy": own}, OWN_PRIVATE) == []
 
 
+def prints(source: str) -> list[tuple[str | None, int]]:
+    """(enclosing function, line) of every ``print(...)`` call in ``source``."""
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "print":
+                found.append((function, child.lineno))
+            visit(child, inner)
+
+    visit(ast.parse(source), None)
+    return found
+
+
+# print() is for the CLI's output, a callback's end-of-fit report (on_fit_end, `verbose=True`), the terminal
+# question of the forecast's budget check and the BSO server launcher (a command); library messages use logging
+PRINT_ALLOWED = {("lightning_energy.callbacks.forecast", "ask_yes_no"), ("lightning_energy.optimize.bso_server", "serve"),
+                 ("lightning_energy.optimize.bso_server", "main")}
+
+
+def print_violations(sources: dict[str, str]) -> list[str]:
+    return [f"{m} line {line}: print in {function}" for m, source in sources.items()
+            if not _inside(m, "lightning_energy.cli") for function, line in prints(source)
+            if (m, function) not in PRINT_ALLOWED and not (_inside(m, "lightning_energy.callbacks") and function == "on_fit_end")]
+
+
+def test_library_messages_are_logged_not_printed():
+    assert print_violations(SOURCES) == []
+    assert len(prints(SOURCES["lightning_energy.callbacks.energy"])) == 1  # the walk sees the report's print
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("lightning_energy.callbacks.energy", "def on_train_epoch_end(self):\n    print('epoch done')"),
+    ("lightning_energy.measure.sampler", "print('sampler started')"),
+])
+def test_the_print_rule_catches_a_breach(module, source):
+    assert len(print_violations({module: source})) == 1
+    assert print_violations({"lightning_energy.cli.commands.fit": source}) == []
+
+
 def test_a_cycle_is_found():
     graph = {"a": [("b", True)], "b": [("c", True)], "c": [("a", True)], "d": [("a", False)]}
     assert cycles(graph) == [["a", "b", "c"]]

@@ -33,12 +33,11 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import (
     batches_that_stepped, dataloaders_come_from_the_module, reset_fit_dataloaders, restore_checkpoint,
     strategy_is_distributed)
@@ -47,6 +46,8 @@ from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+
+log_info = rank_zero_info_for(__name__)
 
 METHODS = ("to_target", "per_sample")
 COSTS = ("energy", "time", "zeus_cost")
@@ -156,7 +157,7 @@ class BatchSizeSearch(MeteredCallback):
     Logged (rank zero, once): ``batch_size/chosen``, and per candidate ``batch_size/<b>/cost``,
     ``batch_size/<b>/energy_J`` and ``batch_size/<b>/time_s`` (to target; ``per_sample``:
     ``batch_size/<b>/energy_per_sample_J`` and ``batch_size/<b>/time_per_sample_s``),
-    ``batch_size/<b>/peak_memory_B`` (when known). The table is printed (``rank_zero_info``) and written to
+    ``batch_size/<b>/peak_memory_B`` (when known). The table is logged (INFO, rank zero) and written to
     ``batch_size_search.json`` in the log dir; energies from a modelled sensor (a CPU estimate) are labelled
     so there (``energy_estimated``, ``energy_label``) and in the table.
 
@@ -456,7 +457,7 @@ class BatchSizeSearch(MeteredCallback):
             note = "<- chosen" if b == self.chosen_batch_size else (r["failure"] or "")
             lines.append(f"{b:>7} {r[energy_key]:>12.4g} {r[time_key]:>12.4g} {r['steps']:>7} {gib:>9} "
                          f"{r['cost']:>12.4g}  {note}")
-        rank_zero_info("\n".join(lines))
+        log_info("\n".join(lines))
         self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         if trainer.is_global_zero:
             self.result_file = atomic_write_json(self._log_dir / RESULT_FILE, {

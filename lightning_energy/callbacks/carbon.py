@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import (
     CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures
 from lightning_energy.measure.meter import measure
@@ -25,6 +25,8 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_tracker_started
 from lightning_energy.units import J_PER_KWH
+
+log_info = rank_zero_info_for(__name__)
 
 CARBON_REPORT_FILE = "carbon_report.json"
 
@@ -223,7 +225,7 @@ class CarbonCallback(MeteredCallback):
         if self.verbose:
             print(message, flush=True)
         else:
-            rank_zero_info(message)
+            log_info(message)
 
     def _stop_tracker(self) -> dict | None:
         tracker, self._tracker = self._tracker, None

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
@@ -24,6 +24,8 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
 from lightning_energy.outputs.trace import TraceWriter
+
+log_info = rank_zero_info_for(__name__)
 
 LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "val": ("energy/val_epoch_J", "time/val_epoch_s", "power/val_epoch_W"),
@@ -441,7 +443,7 @@ class EnergyCallback(MeteredCallback):
         if self.verbose:
             print(format_report(self.report) + f"\nreport: {self.report_path}", flush=True)
         else:
-            rank_zero_info(f"lightning-energy: report written to {self.report_path}")
+            log_info(f"lightning-energy: report written to {self.report_path}")
 
     def _rank_summary(self, trainer: Trainer, start: Mark, end: Mark) -> dict:
         from lightning_energy.measure.meter import measure

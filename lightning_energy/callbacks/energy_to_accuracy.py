@@ -7,15 +7,17 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+
+log_info = rank_zero_info_for(__name__)
 
 MODES = ("min", "max")
 
@@ -139,7 +141,7 @@ class EnergyToAccuracy(MeteredCallback):
             "metric": value,
             "target": self.target,
         }
-        rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
+        log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
                        f"{self.result['energy_to_target_J']:.1f} J and {self.result['time_to_target_s']:.1f} s")
         metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
         self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
@@ -160,7 +162,7 @@ class EnergyToAccuracy(MeteredCallback):
         self.gave_up = {"energy_J": state["energy_J"], "time_s": state["time_s"],
                         "epochs": state["validations"], "metric": value, "target": self.target,
                         "reason": "; ".join(over)}
-        rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
+        log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
                        f"{self.gave_up['reason']}; training ends")
         trainer.should_stop = True
 

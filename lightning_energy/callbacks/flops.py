@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, count_model
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.predict.peaks import Peak, device_peak, precision_of
@@ -20,6 +19,8 @@ from lightning_energy.integration.precision_plugin import SwitchablePrecision
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import FLOP_PER_GFLOP
+
+log_info = rank_zero_info_for(__name__)
 
 TABLE_FILE = "flops_table.csv"
 
@@ -114,7 +115,7 @@ class FlopsCallback(MeteredCallback):
         self.estimated_sensors = sorted({name for names in distributed.gather(trainer, local) for name in names})
         self.energy_estimated = bool(self.estimated_sensors)
         if self.energy_estimated:
-            rank_zero_info(f"FlopsCallback: sensors {self.estimated_sensors} are estimates, not measurements, so "
+            log_info(f"FlopsCallback: sensors {self.estimated_sensors} are estimates, not measurements, so "
                            "energy/J_per_GFLOP is an estimate (flops/energy_estimated = True)")
 
     def _precision(self, trainer: Trainer) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
@@ -18,12 +18,14 @@ from lightning_energy.carbon import world_average
 from lightning_energy.predict.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import callback_metrics_dict, progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import J_PER_KWH
+
+log_info = rank_zero_info_for(__name__)
 
 FORECAST_REPORT_FILE = "forecast_report.json"
 DEFAULT_WARMUP_FRACTION = 0.1  # of the first epoch's batches, at least one batch
@@ -237,7 +239,7 @@ class ForecastCallback(MeteredCallback):
         if self.verbose and self.errors:
             print(format_errors(self.errors, actual_J, actual_s), flush=True)
         else:
-            rank_zero_info(f"lightning-energy: forecast report written to {self.report_path}")
+            log_info(f"lightning-energy: forecast report written to {self.report_path}")
 
     @staticmethod
     def _metrics(forecast: Forecast) -> dict[str, float]:

@@ -10,12 +10,14 @@ first in ``Trainer(callbacks=[...])`` places the mark; callback order no longer 
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_energy.integration import session as sessions
@@ -188,6 +190,20 @@ class MeteredCallback(Callback):
             rank_zero_warn(f"lightning-energy: {problem}; training is not affected")
             return None
         return Path(path)
+
+
+def rank_zero_info_for(module: str) -> Callable[[str], None]:
+    """``log_info(message)``: an INFO record of ``logging.getLogger(module)`` on the process of global rank
+    zero only (Lightning's ``rank_zero_only``, the rank read at each call). The suite's messages go to the
+    ``lightning_energy`` loggers, so a user can silence or redirect them by name (shown on stderr by default,
+    as Lightning shows its own: see ``lightning_energy/__init__.py``)."""
+    logger = logging.getLogger(module)
+
+    @rank_zero_only
+    def log_info(message: str) -> None:
+        logger.info(message, stacklevel=3)  # the record names the caller, not this wrapper
+
+    return log_info
 
 
 def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:

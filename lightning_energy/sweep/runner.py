@@ -582,9 +582,10 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 @contextlib.contextmanager
 def quiet_lightning():
-    """Lightning's informational lines (GPU available, tips) held back during the sweep's fits."""
+    """Lightning's informational lines (GPU available, tips) and the callbacks' (report written, fit recorded)
+    held back during the sweep's fits."""
     loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric", "lightning_fabric",
-                                               "pytorch_lightning")]
+                                               "pytorch_lightning", "lightning_energy.callbacks")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.WARNING)
