@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "lightning_energy"
 # below or beside measure/: plain helpers with no lightning_energy import of their own
 FOUNDATION = {"lightning_energy.provenance", "lightning_energy.units"}
-# the one product module allowed to reach the simulator: a sweep with `sensors: simulated` is a documented dry run
-SIMULATOR_USERS = {"lightning_energy.sweep.runner"}
+# the product modules allowed to reach the simulator: a sweep with `sensors: simulated` is a documented dry run
+SIMULATOR_USERS = {"lightning_energy.sweep.config", "lightning_energy.sweep.runner"}
 # the only modules that may reach another package's private names (one function per use, version named)
 PRIVATE_USE_MODULES = {"lightning_energy.integration.lightning_internals",
                        "lightning_energy.measure.zeus_codecarbon_internals"}
