@@ -134,19 +134,8 @@ def test_datamodule_attribute_is_set(tmp_path, clock):
     assert search.chosen_batch_size == 64 and data.batch_size == 64
 
 
-def test_refusals_name_the_problem(tmp_path, clock):
-    with pytest.raises(ValueError, match="batch_sizes"):
-        BatchSizeSearch([])
-    with pytest.raises(ValueError, match="give `monitor`.* or method='per_sample'"):  # no silent per-sample ranking
-        BatchSizeSearch([8, 16])
-    with pytest.raises(ValueError, match="cost"):
-        BatchSizeSearch([8], method="per_sample", cost="carbon")
-    with pytest.raises(ValueError, match="mode"):
-        BatchSizeSearch([8], monitor="val/loss", target=0.1, mode="lowest")
-    with pytest.raises(ValueError, match="beta_knob"):
-        BatchSizeSearch([8], monitor="val/loss", target=0.1, beta_knob=1.0)
-    with pytest.raises(ValueError, match="interval_s"):  # at construction, as every suite callback
-        BatchSizeSearch([8], method="per_sample", interval_s=0.0)
+def test_setup_refusals_name_the_problem(tmp_path, clock):
+    """At setup, before training (the constructor's refusals: test_callback_arguments.py)."""
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=8)
     trainer = L.Trainer(callbacks=[BatchSizeSearch([8, 16], method="per_sample")],
                         **trainer_kwargs(tmp_path, logger=False))

@@ -288,11 +288,6 @@ def test_example_input_counts_at_fit_start_and_measures_every_step(tmp_path):
     assert callback.epochs[0]["flops/epoch_GFLOP"] == pytest.approx(callback.table.train_FLOPs / 32 * 160 / 1e9)
 
 
-def test_flops_callback_rejects_a_bad_peak():
-    with pytest.raises(ValueError, match="peak_flops_per_s"):
-        FlopsCallback(peak_flops_per_s=0)
-
-
 # ------------------------------------------------------------------------------ the study's table on baler_lit's AE
 def test_study_table_is_reproduced_for_baler_lits_own_ae():
     from baler_lit.models import AE
