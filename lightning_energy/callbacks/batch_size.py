@@ -230,8 +230,7 @@ class BatchSizeSearch(MeteredCallback):
         self.warmup_steps, self.steps = warmup_steps, steps
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.results: list[dict] = []
         self.chosen_batch_size: int | None = None
         self.result_file: Path | None = None

@@ -89,12 +89,10 @@ class CarbonCallback(MeteredCallback):
         if codecarbon_crosscheck and country_iso_code is None:
             raise ValueError("`codecarbon_crosscheck` needs `country_iso_code`: CodeCarbon's offline tracker "
                              "requires a country")
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.country_iso_code = country_iso_code
         self.region = region
         self.codecarbon_crosscheck = codecarbon_crosscheck
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
         self.report: dict | None = None
         self.report_path: Path | None = None

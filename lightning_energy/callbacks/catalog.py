@@ -83,13 +83,11 @@ class CatalogCallback(MeteredCallback):
                                            or not isinstance(flops_per_step, (int, float)) or not flops_per_step > 0):
             raise ValueError(f"`flops_per_step` must be a number > 0 or None, got {flops_per_step!r}")
         self.check_flags(count_flops=count_flops)
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.catalog_path = None if catalog_path is None else Path(catalog_path)
         self.config = dict(config or {})
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.count_flops = count_flops
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.record: dict | None = None
         self.record_id: int | None = None
         self.problems: list[str] = []  # why the last fit's record or attributes could not be written

@@ -107,14 +107,12 @@ class EnergyCallback(MeteredCallback):
         cuda_events: bool = True,
     ) -> None:
         super().__init__()
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.fit_start_s: float | None = None  # sampler clock (s) of the last fit's start and end
         self.fit_end_s: float | None = None
         self.last_epoch_end_s: float | None = None
-        self.interval_s = self.check_interval(interval_s)
         self.check_flags(log_power_figure=log_power_figure, write_trace=write_trace, verbose=verbose,
                          cuda_events=cuda_events)
-        self.backend = backend
         self.log_power_figure = log_power_figure
         self.write_trace = write_trace
         self.verbose = verbose

@@ -80,8 +80,7 @@ class EnergyToAccuracy(MeteredCallback):
         self.budget_s = None if budget_s is None else float(budget_s)
         self.gave_up: dict | None = None  # the figures so far when a budget ended the run
         self.monitor, self.target, self.mode, self.stop = monitor, float(target), mode, stop
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.result: dict | None = None
         self._resumed = {"energy_J": 0.0, "time_s": 0.0, "validations": 0}
         self._validations = 0

@@ -83,8 +83,7 @@ class FlopsCallback(MeteredCallback):
             raise ValueError(f"`peak_flops_per_s` must be a number > 0, got {peak_flops_per_s!r}")
         self.example_input = example_input
         self.peak_flops_per_s = None if peak_flops_per_s is None else float(peak_flops_per_s)
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.table: FlopsTable | None = None
         self.peak: Peak | None = None  # of the precision at fit start
         self.peaks: dict[str, Peak] = {}  # every precision trained in, by peaks.PRECISIONS key

@@ -97,14 +97,12 @@ class ForecastCallback(MeteredCallback):
         if on_budget not in ON_BUDGET:
             raise ValueError(f"`on_budget` must be one of {ON_BUDGET}, got {on_budget!r}")
         self.check_flags(verbose=verbose)
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.warmup_steps = warmup_steps
         self.start_after_steps = start_after_steps
         self.budget_J = budget_J
         self.budget_gCO2e = budget_gCO2e
         self.on_budget = on_budget
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
         self.forecasts: list[Forecast] = []  # every forecast of the current (or last) fit, as made
         self.errors: list[dict] = []

@@ -58,8 +58,7 @@ class EnergyPredictionCheck(MeteredCallback):
             raise TypeError(f"`prediction` must be an EnergyEstimate or a step energy in J > 0, got {prediction!r}")
         self.predicted_step_J = step_J
         self.source = source
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.result: dict | None = None
         self._measured_J = 0.0
         self._batches = 0

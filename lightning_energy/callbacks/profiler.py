@@ -154,8 +154,7 @@ class EnergyProfiler(MeteredCallback):
         self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)
         self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack
         self.activities = None if activities is None else list(activities)
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.use_gzip = use_gzip
         self.top_ops = top_ops
         self.windows: list[ProfiledWindow] = []

@@ -107,9 +107,8 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
         self.max_power_W, self.gpu_model = max_power_W, gpu_model
-        self._user_sensors = self.check_sensors(sensors)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.timeout_s = float(timeout_s)
-        self.interval_s = self.check_interval(interval_s)
         self.batch_size: int | None = None
         self.trial: dict | None = None
         self.reports: list[dict] = []

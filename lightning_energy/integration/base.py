@@ -155,6 +155,13 @@ class MeteredCallback(Callback):
                     logger.log_metrics(metrics, step=step)
 
     # ------------------------------------------------------------------ argument checks
+    def configure_measurement(self, sensors, backend: str = "auto", interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        """Check and keep the measuring arguments every suite callback takes: ``sensors`` (None: those of the
+        Trainer's session, else auto-detected by ``backend``) and the sampling ``interval_s`` (s)."""
+        self._user_sensors = self.check_sensors(sensors, backend)
+        self.backend = backend
+        self.interval_s = self.check_interval(interval_s)
+
     @staticmethod
     def check_sensors(sensors, backend: str = "auto") -> list[Sensor] | None:
         if backend not in BACKENDS:
