@@ -290,6 +290,30 @@ def test_the_print_rule_catches_a_breach(module, source):
     assert print_violations({"lightning_energy.cli.commands.fit": source}) == []
 
 
+def test_lightning_hooks_are_marked_override():
+    """Every Lightning hook a class of ours defines carries ``@override`` (a renamed hook then fails loudly in
+    type checkers instead of never being called). This check imports the modules it looks at."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import lightning.pytorch as pl
+
+    unmarked, seen = [], 0
+    for package in ("lightning_energy.callbacks", "lightning_energy.integration", "lightning_energy.testing"):
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            module = importlib.import_module(f"{package}.{info.name}")
+            for cls in vars(module).values():
+                if not (inspect.isclass(cls) and cls.__module__ == module.__name__):
+                    continue
+                for base in (pl.Callback, pl.LightningModule):
+                    if issubclass(cls, base):
+                        hooks = [n for n, f in vars(cls).items() if callable(f) and not n.startswith("_") and hasattr(base, n)]
+                        seen += len(hooks)
+                        unmarked += [f"{cls.__qualname__}.{n}" for n in hooks if not getattr(vars(cls)[n], "__override__", False)]
+    assert seen > 50 and unmarked == []
+
+
 def test_a_cycle_is_found():
     graph = {"a": [("b", True)], "b": [("c", True)], "c": [("a", True)], "d": [("a", False)]}
     assert cycles(graph) == [["a", "b", "c"]]

@@ -231,4 +231,4 @@ def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
 
 # the base's own boundary hooks: every suite callback reports every boundary
 for _name, _boundary in BOUNDARIES.items():
-    setattr(MeteredCallback, _name, _report(_boundary)(_nothing))
+    setattr(MeteredCallback, _name, override(_report(_boundary)(_nothing)))
