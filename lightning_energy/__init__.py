@@ -8,12 +8,22 @@ zeus and codecarbon are imported only by the functions that need them.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from lightning_energy import _moved
 from lightning_energy.lazy import lazy_names
 
 _moved.install()  # old module paths (before the layout of issue 19): deprecated aliases
+
+# The library's messages go to the "lightning_energy" loggers at INFO, shown on stderr the way Lightning
+# shows its own (lightning/pytorch/__init__.py, the same rule): a handler of their own only where the root
+# logger has none, else they propagate to the application's handlers.
+_logger = logging.getLogger(__name__)
+_logger.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    _logger.addHandler(logging.StreamHandler())
+    _logger.propagate = False
 
 # public name -> the module that defines it
 _PUBLIC: dict[str, str] = {

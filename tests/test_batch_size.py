@@ -134,19 +134,8 @@ def test_datamodule_attribute_is_set(tmp_path, clock):
     assert search.chosen_batch_size == 64 and data.batch_size == 64
 
 
-def test_refusals_name_the_problem(tmp_path, clock):
-    with pytest.raises(ValueError, match="batch_sizes"):
-        BatchSizeSearch([])
-    with pytest.raises(ValueError, match="give `monitor`.* or method='per_sample'"):  # no silent per-sample ranking
-        BatchSizeSearch([8, 16])
-    with pytest.raises(ValueError, match="cost"):
-        BatchSizeSearch([8], method="per_sample", cost="carbon")
-    with pytest.raises(ValueError, match="mode"):
-        BatchSizeSearch([8], monitor="val/loss", target=0.1, mode="lowest")
-    with pytest.raises(ValueError, match="beta_knob"):
-        BatchSizeSearch([8], monitor="val/loss", target=0.1, beta_knob=1.0)
-    with pytest.raises(ValueError, match="interval_s"):  # at construction, as every suite callback
-        BatchSizeSearch([8], method="per_sample", interval_s=0.0)
+def test_setup_refusals_name_the_problem(tmp_path, clock):
+    """At setup, before training (the constructor's refusals: test_callback_arguments.py)."""
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 4)), batch_size=8)
     trainer = L.Trainer(callbacks=[BatchSizeSearch([8, 16], method="per_sample")],
                         **trainer_kwargs(tmp_path, logger=False))
@@ -310,3 +299,25 @@ def test_per_sample_method_picks_the_largest_batch_in_the_same_scenario(tmp_path
         assert r["energy_per_sample_J"] == pytest.approx(STEP_W * step_s(r["batch_size"]) / r["batch_size"], rel=1e-9)
     saved = json.loads(search.result_file.read_text())
     assert (saved["method"], saved["cost_per"]) == ("per_sample", "sample")
+
+
+def test_batch_length_counts_samples_as_lightning_logs_them():
+    """Lightning's rule (``extract_batch_size``: first tensor, depth first, through dataclasses and mappings)
+    without its "ambiguous collection" warning on a batch that carries non-tensor metadata."""
+    from dataclasses import dataclass
+
+    from lightning.pytorch.utilities.data import extract_batch_size
+
+    from lightning_energy.optimize.batch_size import batch_length
+
+    @dataclass
+    class Batch:
+        features: torch.Tensor
+        target: torch.Tensor
+
+    batches = [Batch(torch.zeros(5, 2), torch.zeros(5)), ([torch.zeros(4)], torch.zeros(4)),
+               {"x": torch.zeros(3, 1), "y": torch.zeros(3)}, torch.tensor(1.0)]
+    assert [batch_length(b) for b in batches] == [extract_batch_size(b) for b in batches] == [5, 4, 3, 1]
+    assert batch_length(([torch.zeros(4)], torch.zeros(8))) == 4  # depth first, as Lightning
+    assert batch_length({"names": ["a.root", "b.root"], "x": torch.zeros(2, 7)}) == 2  # no warning (error here)
+    assert batch_length(["a", 1, None]) is None

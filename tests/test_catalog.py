@@ -234,16 +234,6 @@ def test_a_catalog_locked_past_the_timeout_never_fails_the_fit(tmp_path, monkeyp
     assert [f["id"] for f in Catalog(path).list()] == [1]  # nothing half-written
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(config=["a"]), TypeError, "config"),
-    (dict(flops_per_step=0), ValueError, "flops_per_step"),
-    (dict(count_flops="yes"), TypeError, "count_flops"),
-])
-def test_catalog_callback_arguments_are_validated(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        CatalogCallback(**kwargs)
-
-
 # ---------------------------------------------------------------- the catalog command
 def test_catalog_command_lists_shows_compares_and_exports(tmp_path, capsys):
     catalog = Catalog(tmp_path / CATALOG_FILE)

@@ -14,9 +14,8 @@ from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog
 from lightning_energy.cli.main import main
 from lightning_energy.testing.gpu_sim import SimulatedGPU
-from lightning_energy.sweep.runner import (
-    GpuPowerLimits, SweepConfigError, SweepError, load_config, parse_config, run_sweep, sweep_order,
-)
+from lightning_energy.sweep.config import SweepConfigError, load_config, parse_config
+from lightning_energy.sweep.runner import GpuPowerLimits, SweepError, run_sweep, sweep_order
 from power_limit_helpers import install_fake_time
 from workbench_helpers import write_run
 

@@ -393,22 +393,6 @@ def test_training_exception_releases_the_sampler(tmp_path):
     assert callback.trace_path.exists() and not list(tmp_path.rglob("*.partial"))
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        (dict(sensors=["gpu"]), TypeError, "sensors"),
-        (dict(sensors=SimulatedSensor("x", 1.0), backend="zeus"), ValueError, "backend"),
-        (dict(backend="rapl"), ValueError, "backend"),
-        (dict(interval_s=0), ValueError, "interval_s"),
-        (dict(interval_s="fast"), ValueError, "interval_s"),
-        (dict(verbose="yes"), TypeError, "verbose"),
-    ],
-)
-def test_arguments_are_validated_at_construction(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        EnergyCallback(**kwargs)
-
-
 def test_any_lightning_logger_receives_the_metrics(tmp_path):
     logger = RecordingLogger(tmp_path)
     callback = EnergyCallback(sensors=simulated_sensors(), verbose=False)

@@ -323,15 +323,3 @@ def test_within_budget_nothing_happens(tmp_path):
     assert trainer.current_epoch == 4 and forecast.report["budget"]["decision"] is None
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(warmup_steps=-1), ValueError, "warmup_steps"),
-    (dict(start_after_steps=0), ValueError, "start_after_steps"),
-    (dict(warmup_steps=5, start_after_steps=5), ValueError, "greater than `warmup_steps`"),
-    (dict(budget_J=0), ValueError, "budget_J"),
-    (dict(budget_gCO2e=math.nan), ValueError, "budget_gCO2e"),
-    (dict(on_budget="pause"), ValueError, "on_budget"),
-    (dict(verbose=1), TypeError, "verbose"),
-])
-def test_forecast_callback_arguments_are_validated(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        ForecastCallback(**kwargs)

@@ -27,7 +27,7 @@ from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
 from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, SimModule, install_fake_time, loader
 from test_batch_size import CANDIDATES, HparamsModule, known_best, per_sample
-from test_bso import bso_server  # noqa: F401  (the module-scoped server fixture)
+from test_zeus_batch_size import bso_server  # noqa: F401  (the module-scoped server fixture)
 
 ORDERS = ("energy_first", "callback_first")
 OTHER_W = 50.0  # the EnergyCallback's second device sensor: in its figures, in no optimizer's

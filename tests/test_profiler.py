@@ -177,12 +177,6 @@ def test_conflicts_and_bad_arguments_are_named(tmp_path):
     trainer = L.Trainer(callbacks=[callback], logger=False, profiler="pytorch", **trainer_kwargs(tmp_path))
     with pytest.raises(ValueError, match="profiler='pytorch'"):  # checked first thing in setup, before training
         callback.setup(trainer, TinyRegressor(), "fit")
-    with pytest.raises(ValueError, match="`warmup` must be an integer >= 1"):
-        EnergyProfiler(warmup=0)
-    with pytest.raises(ValueError, match="`active`"):
-        EnergyProfiler(active=0)
-    with pytest.raises(ValueError, match="`activities`"):
-        EnergyProfiler(activities=["gpu"])
     with pytest.raises(ValueError, match="needs a CUDA device"):
         L.Trainer(callbacks=[EnergyProfiler(activities=["cuda"], sensors=sensors())], logger=False,
                   **trainer_kwargs(tmp_path)).fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))

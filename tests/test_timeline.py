@@ -469,3 +469,24 @@ def test_the_step_gate_is_lightnings_should_update_logs_at_every_step(tmp_path, 
     if stop_at is not None and overrides["log_every_n_steps"] > 0:
         assert gate.pairs[-1] == (True, True)  # the step it stops at is logged
     assert any(lightnings for _, lightnings in gate.pairs) == (overrides["log_every_n_steps"] > 0)
+
+
+def test_library_messages_go_to_the_modules_logger_on_rank_zero_only(caplog, capsys, monkeypatch):
+    import logging
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from lightning_energy.integration.base import rank_zero_info_for
+
+    log_info = rank_zero_info_for("lightning_energy.callbacks.energy")
+
+    def report():
+        log_info("lightning-energy: report written")
+
+    with caplog.at_level(logging.INFO, logger="lightning_energy"):
+        report()
+        monkeypatch.setattr(rank_zero_only, "rank", 1)
+        report()  # another rank: nothing
+    (record,) = [r for r in caplog.records if r.getMessage() == "lightning-energy: report written"]
+    assert (record.name, record.levelno, record.funcName) == ("lightning_energy.callbacks.energy", logging.INFO, "report")
+    assert capsys.readouterr().out == ""

@@ -40,8 +40,7 @@ class BatchSampleEstimate(MeteredCallback):
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
         self.n_batches = n_batches
         self.skip_batches = skip_batches
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.batch_J: list[float] = []  # energy of each sampled batch (this rank's sensors)
         self.batch_J_mean: float | None = None
         self.sampled = 0

@@ -33,17 +33,21 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import (
+    batches_that_stepped, dataloaders_come_from_the_module, reset_fit_dataloaders, restore_checkpoint,
+    strategy_is_distributed)
 from lightning_energy.io import atomic_write_json
 from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+
+log_info = rank_zero_info_for(__name__)
 
 METHODS = ("to_target", "per_sample")
 COSTS = ("energy", "time", "zeus_cost")
@@ -153,7 +157,7 @@ class BatchSizeSearch(MeteredCallback):
     Logged (rank zero, once): ``batch_size/chosen``, and per candidate ``batch_size/<b>/cost``,
     ``batch_size/<b>/energy_J`` and ``batch_size/<b>/time_s`` (to target; ``per_sample``:
     ``batch_size/<b>/energy_per_sample_J`` and ``batch_size/<b>/time_per_sample_s``),
-    ``batch_size/<b>/peak_memory_B`` (when known). The table is printed (``rank_zero_info``) and written to
+    ``batch_size/<b>/peak_memory_B`` (when known). The table is logged (INFO, rank zero) and written to
     ``batch_size_search.json`` in the log dir; energies from a modelled sensor (a CPU estimate) are labelled
     so there (``energy_estimated``, ``energy_label``) and in the table.
 
@@ -226,8 +230,7 @@ class BatchSizeSearch(MeteredCallback):
         self.warmup_steps, self.steps = warmup_steps, steps
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.results: list[dict] = []
         self.chosen_batch_size: int | None = None
         self.result_file: Path | None = None
@@ -242,10 +245,10 @@ class BatchSizeSearch(MeteredCallback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
-        if trainer._accelerator_connector.is_distributed:
+        if strategy_is_distributed(trainer):
             raise MisconfigurationException("BatchSizeSearch runs in one process only (as Lightning's BatchSizeFinder); "
                                             "search on one device, then train distributed with the chosen size")
-        if not trainer.fit_loop._data_source.is_module():
+        if not dataloaders_come_from_the_module(trainer):
             raise MisconfigurationException(
                 "BatchSizeSearch cannot change the batch size of dataloaders passed to `.fit()`; build them in the "
                 "LightningModule or a LightningDataModule from its `batch_size`")
@@ -298,7 +301,7 @@ class BatchSizeSearch(MeteredCallback):
         best = min(usable, key=lambda r: (r["cost"], r["batch_size"]))
         self.chosen_batch_size = best["batch_size"]
         lightning_setattr(pl_module, self.batch_arg_name, self.chosen_batch_size)
-        _reset_dataloaders(trainer)
+        reset_fit_dataloaders(trainer)
         self._report(trainer)
 
     def _figures(self, start: Mark, end: Mark) -> tuple[float, float, float]:
@@ -357,9 +360,9 @@ class BatchSizeSearch(MeteredCallback):
             lightning_setattr(pl_module, self.batch_arg_name, saved["batch_size"])
             loop.load_state_dict(deepcopy(saved["loop_state"]))
             loop.restarting = False
-            _reset_dataloaders(trainer)
+            reset_fit_dataloaders(trainer)
             loop.reset()
-            trainer._checkpoint_connector.restore(ckpt_path)
+            restore_checkpoint(trainer, ckpt_path)
             trainer.strategy.remove_checkpoint(ckpt_path)
         return results
 
@@ -369,7 +372,7 @@ class BatchSizeSearch(MeteredCallback):
 
         row: dict[str, Any] = {"batch_size": size, "failure": None}
         if self.method == "to_target":  # every candidate trains from the same weights and optimizer state
-            trainer._checkpoint_connector.restore(ckpt_path)
+            restore_checkpoint(trainer, ckpt_path)
         lightning_setattr(pl_module, self.batch_arg_name, size)
         on_cuda = trainer.strategy.root_device.type == "cuda"
         if on_cuda:
@@ -378,7 +381,7 @@ class BatchSizeSearch(MeteredCallback):
             self.gpu.reset_peak_memory()
         loop = trainer.fit_loop
         try:
-            _reset_dataloaders(trainer)
+            reset_fit_dataloaders(trainer)
             loop.load_state_dict(deepcopy(state))
             loop.restarting = False
             trainer.should_stop = False
@@ -453,8 +456,8 @@ class BatchSizeSearch(MeteredCallback):
             note = "<- chosen" if b == self.chosen_batch_size else (r["failure"] or "")
             lines.append(f"{b:>7} {r[energy_key]:>12.4g} {r[time_key]:>12.4g} {r['steps']:>7} {gib:>9} "
                          f"{r['cost']:>12.4g}  {note}")
-        rank_zero_info("\n".join(lines))
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        log_info("\n".join(lines))
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         if trainer.is_global_zero:
             self.result_file = atomic_write_json(self._log_dir / RESULT_FILE, {
                 "method": self.method, "cost": self.cost,
@@ -471,11 +474,3 @@ class BatchSizeSearch(MeteredCallback):
                                for r in self.results],
             })
 
-
-def _reset_dataloaders(trainer: Trainer) -> None:
-    """Rebuild the fit loop's dataloaders after a batch-size change (as Lightning's batch-size finder does)."""
-    loop = trainer.fit_loop
-    loop._combined_loader = None
-    loop.setup_data()
-    loop.epoch_loop.val_loop._combined_loader = None
-    loop.epoch_loop.val_loop.setup_data()

@@ -10,19 +10,23 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import (
     CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
 )
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures
 from lightning_energy.measure.meter import measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_tracker_started
 from lightning_energy.units import J_PER_KWH
+
+log_info = rank_zero_info_for(__name__)
 
 CARBON_REPORT_FILE = "carbon_report.json"
 
@@ -85,12 +89,10 @@ class CarbonCallback(MeteredCallback):
         if codecarbon_crosscheck and country_iso_code is None:
             raise ValueError("`codecarbon_crosscheck` needs `country_iso_code`: CodeCarbon's offline tracker "
                              "requires a country")
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.country_iso_code = country_iso_code
         self.region = region
         self.codecarbon_crosscheck = codecarbon_crosscheck
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
         self.report: dict | None = None
         self.report_path: Path | None = None
@@ -188,10 +190,7 @@ class CarbonCallback(MeteredCallback):
 
     @staticmethod
     def _show_total(trainer: Trainer, grams: float) -> None:
-        bar = getattr(trainer._logger_connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
-        bar["gCO2e"] = grams
+        progress_bar_dict(trainer)["gCO2e"] = grams
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -224,7 +223,7 @@ class CarbonCallback(MeteredCallback):
         if self.verbose:
             print(message, flush=True)
         else:
-            rank_zero_info(message)
+            log_info(message)
 
     def _stop_tracker(self) -> dict | None:
         tracker, self._tracker = self._tracker, None
@@ -279,7 +278,7 @@ def _start_codecarbon(country_iso_code: str, region: str | None, pue: float, log
     except Exception as err:  # the cross-check must never break the fit
         message = f"CodeCarbon's tracker could not start ({type(err).__name__}: {err})"
     else:
-        if getattr(tracker, "_start_time", None) is not None:
+        if codecarbon_tracker_started(tracker):
             return tracker
         message = "CodeCarbon's tracker did not start (it swallowed an error; run it alone to see why)"
     rank_zero_warn(f"lightning-energy: {message}; no cross-check in the carbon report")

@@ -10,7 +10,7 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
@@ -18,7 +18,7 @@ from lightning_energy.carbon import world_average
 from lightning_energy.catalog import (
     CATALOG_FILE, RUN_ATTRIBUTES_FILE, Catalog, CatalogError, CatalogUnavailableError,
 )
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import measure
 from lightning_energy.provenance import combine, of_entry
@@ -27,6 +27,8 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.sensors.cpu_model import cpu_model_name
 from lightning_energy.units import J_PER_KWH
+
+log_info = rank_zero_info_for(__name__)
 
 CHECKPOINT_KEY = "energy_metadata"
 CATALOG_TIMEOUT_S = 10.0  # how long the end-of-fit write waits for another writer of the catalog
@@ -81,13 +83,11 @@ class CatalogCallback(MeteredCallback):
                                            or not isinstance(flops_per_step, (int, float)) or not flops_per_step > 0):
             raise ValueError(f"`flops_per_step` must be a number > 0 or None, got {flops_per_step!r}")
         self.check_flags(count_flops=count_flops)
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.catalog_path = None if catalog_path is None else Path(catalog_path)
         self.config = dict(config or {})
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.count_flops = count_flops
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.record: dict | None = None
         self.record_id: int | None = None
         self.problems: list[str] = []  # why the last fit's record or attributes could not be written
@@ -182,7 +182,7 @@ class CatalogCallback(MeteredCallback):
             self.problems.append(problem)
             rank_zero_warn(f"lightning-energy: {problem}")
         if self.record_id is not None:
-            rank_zero_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
+            log_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
 
     # ---------------------------------------------------------------- the record
     def _fit_so_far(self, final: bool) -> tuple[dict[str, float], float]:

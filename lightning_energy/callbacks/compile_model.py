@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
 
 
 class CompileModel(Callback):
@@ -25,6 +26,7 @@ class CompileModel(Callback):
         self.mode, self.backend = mode, backend
         self.compiled: list[str] = []  # names of the sub-modules compiled
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != TrainerFn.FITTING or self.compiled:
             return

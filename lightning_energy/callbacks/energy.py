@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import Mark
@@ -23,6 +24,8 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
 from lightning_energy.outputs.trace import TraceWriter
+
+log_info = rank_zero_info_for(__name__)
 
 LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "val": ("energy/val_epoch_J", "time/val_epoch_s", "power/val_epoch_W"),
@@ -104,14 +107,12 @@ class EnergyCallback(MeteredCallback):
         cuda_events: bool = True,
     ) -> None:
         super().__init__()
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.fit_start_s: float | None = None  # sampler clock (s) of the last fit's start and end
         self.fit_end_s: float | None = None
         self.last_epoch_end_s: float | None = None
-        self.interval_s = self.check_interval(interval_s)
         self.check_flags(log_power_figure=log_power_figure, write_trace=write_trace, verbose=verbose,
                          cuda_events=cuda_events)
-        self.backend = backend
         self.log_power_figure = log_power_figure
         self.write_trace = write_trace
         self.verbose = verbose
@@ -369,10 +370,7 @@ class EnergyCallback(MeteredCallback):
     def _show_total(trainer: Trainer, total_J: float) -> None:
         # Into the progress bar's own dict: the `progress_bar_metrics` getter would first recompute (and
         # synchronise) every logged tensor, and `pl_module.log` costs ~1 ms per call.
-        bar = getattr(trainer._logger_connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
-        bar["energy_kJ"] = round(total_J / 1000.0, 3)
+        progress_bar_dict(trainer)["energy_kJ"] = round(total_J / 1000.0, 3)
 
     def _warn_failures(self) -> None:
         """Warn once per failed sensor, on the rank where it failed (not only on rank zero)."""
@@ -443,7 +441,7 @@ class EnergyCallback(MeteredCallback):
         if self.verbose:
             print(format_report(self.report) + f"\nreport: {self.report_path}", flush=True)
         else:
-            rank_zero_info(f"lightning-energy: report written to {self.report_path}")
+            log_info(f"lightning-energy: report written to {self.report_path}")
 
     def _rank_summary(self, trainer: Trainer, start: Mark, end: Mark) -> dict:
         from lightning_energy.measure.meter import measure

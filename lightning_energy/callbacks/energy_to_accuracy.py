@@ -7,14 +7,17 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+
+log_info = rank_zero_info_for(__name__)
 
 MODES = ("min", "max")
 
@@ -77,8 +80,7 @@ class EnergyToAccuracy(MeteredCallback):
         self.budget_s = None if budget_s is None else float(budget_s)
         self.gave_up: dict | None = None  # the figures so far when a budget ended the run
         self.monitor, self.target, self.mode, self.stop = monitor, float(target), mode, stop
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.result: dict | None = None
         self._resumed = {"energy_J": 0.0, "time_s": 0.0, "validations": 0}
         self._validations = 0
@@ -138,10 +140,10 @@ class EnergyToAccuracy(MeteredCallback):
             "metric": value,
             "target": self.target,
         }
-        rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
+        log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
                        f"{self.result['energy_to_target_J']:.1f} J and {self.result['time_to_target_s']:.1f} s")
         metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         if self.stop:
             trainer.should_stop = True
 
@@ -159,7 +161,7 @@ class EnergyToAccuracy(MeteredCallback):
         self.gave_up = {"energy_J": state["energy_J"], "time_s": state["time_s"],
                         "epochs": state["validations"], "metric": value, "target": self.target,
                         "reason": "; ".join(over)}
-        rank_zero_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
+        log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
                        f"{self.gave_up['reason']}; training ends")
         trainer.should_stop = True
 

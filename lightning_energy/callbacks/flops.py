@@ -6,18 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, batch_size_of, count_model
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.optimize.batch_size import batch_length
+from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, count_model
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.predict.peaks import Peak, device_peak, precision_of
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import FLOP_PER_GFLOP
+
+log_info = rank_zero_info_for(__name__)
 
 TABLE_FILE = "flops_table.csv"
 
@@ -80,8 +83,7 @@ class FlopsCallback(MeteredCallback):
             raise ValueError(f"`peak_flops_per_s` must be a number > 0, got {peak_flops_per_s!r}")
         self.example_input = example_input
         self.peak_flops_per_s = None if peak_flops_per_s is None else float(peak_flops_per_s)
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.table: FlopsTable | None = None
         self.peak: Peak | None = None  # of the precision at fit start
         self.peaks: dict[str, Peak] = {}  # every precision trained in, by peaks.PRECISIONS key
@@ -112,7 +114,7 @@ class FlopsCallback(MeteredCallback):
         self.estimated_sensors = sorted({name for names in distributed.gather(trainer, local) for name in names})
         self.energy_estimated = bool(self.estimated_sensors)
         if self.energy_estimated:
-            rank_zero_info(f"FlopsCallback: sensors {self.estimated_sensors} are estimates, not measurements, so "
+            log_info(f"FlopsCallback: sensors {self.estimated_sensors} are estimates, not measurements, so "
                            "energy/J_per_GFLOP is an estimate (flops/energy_estimated = True)")
 
     def _precision(self, trainer: Trainer) -> str:
@@ -154,18 +156,18 @@ class FlopsCallback(MeteredCallback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # recorded at the batch's start: the timeline may measure the step as soon as it ends
-        number = trainer.fit_loop.epoch_loop._batches_that_stepped  # the step this batch belongs to
+        number = batches_that_stepped(trainer)  # the step this batch belongs to
         step = self._steps.setdefault(number, {"epoch": trainer.current_epoch, "samples": {}, "counted": False})
         if self.table is None and self._recorder is None:
             self._recorder = FlopsRecorder(pl_module)
-            self._recorder.batch_size = batch_size_of(batch)
+            self._recorder.batch_size = batch_length(batch)
             self._recorder.__enter__()
             self._counting_batch = True
             step["counted"] = True  # the counter slows the step down: left out of the rates
             return
         precision = self._precision(trainer)
         self._epoch_precisions.add(precision)
-        step["samples"][precision] = step["samples"].get(precision, 0) + (batch_size_of(batch) or 0)
+        step["samples"][precision] = step["samples"].get(precision, 0) + (batch_length(batch) or 0)
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
@@ -18,11 +18,14 @@ from lightning_energy.carbon import world_average
 from lightning_energy.predict.forecast import (
     Forecast, ForecastTracker, ForecastUnavailable, PlannedRun, format_errors, plan_from_trainer,
 )
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import callback_metrics_dict, progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import J_PER_KWH
+
+log_info = rank_zero_info_for(__name__)
 
 FORECAST_REPORT_FILE = "forecast_report.json"
 DEFAULT_WARMUP_FRACTION = 0.1  # of the first epoch's batches, at least one batch
@@ -94,14 +97,12 @@ class ForecastCallback(MeteredCallback):
         if on_budget not in ON_BUDGET:
             raise ValueError(f"`on_budget` must be one of {ON_BUDGET}, got {on_budget!r}")
         self.check_flags(verbose=verbose)
-        self._user_sensors = self.check_sensors(sensors, backend)
+        self.configure_measurement(sensors, backend, interval_s)
         self.warmup_steps = warmup_steps
         self.start_after_steps = start_after_steps
         self.budget_J = budget_J
         self.budget_gCO2e = budget_gCO2e
         self.on_budget = on_budget
-        self.backend = backend
-        self.interval_s = self.check_interval(interval_s)
         self.verbose = verbose
         self.forecasts: list[Forecast] = []  # every forecast of the current (or last) fit, as made
         self.errors: list[dict] = []
@@ -202,14 +203,8 @@ class ForecastCallback(MeteredCallback):
         self.log_metrics(trainer, metrics, step)
         if not trainer.is_global_zero:
             return
-        connector = trainer._logger_connector
-        callback_metrics = getattr(connector, "_callback_metrics", None)
-        if callback_metrics is None:
-            callback_metrics = trainer.callback_metrics
-        callback_metrics.update({name: torch.tensor(value) for name, value in metrics.items()})
-        bar = getattr(connector, "_progress_bar_metrics", None)
-        if bar is None:
-            bar = trainer.progress_bar_metrics
+        callback_metrics_dict(trainer).update({name: torch.tensor(value) for name, value in metrics.items()})
+        bar = progress_bar_dict(trainer)
         bar["forecast_kJ"] = forecast.total_J / 1000.0
         bar["forecast_gCO2e"] = forecast.total_gCO2e
 
@@ -242,7 +237,7 @@ class ForecastCallback(MeteredCallback):
         if self.verbose and self.errors:
             print(format_errors(self.errors, actual_J, actual_s), flush=True)
         else:
-            rank_zero_info(f"lightning-energy: forecast report written to {self.report_path}")
+            log_info(f"lightning-energy: forecast report written to {self.report_path}")
 
     @staticmethod
     def _metrics(forecast: Forecast) -> dict[str, float]:

@@ -29,7 +29,8 @@ from typing_extensions import override
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.integration.base import MeteredCallback
-from lightning_energy.integration.timeline import StepFigures
+from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
+from lightning_energy.integration.timeline import StepFigures, should_log_step
 from lightning_energy.io import atomic_write_json
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.optimize.power_limit.search import (
@@ -390,7 +391,7 @@ class PowerLimitOptimizer(MeteredCallback):
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Zeus's ``on_step_begin``, once per optimizer step (its first micro-batch)."""
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        step = batches_that_stepped(trainer)
         if step == self._step_begun:
             return  # a later micro-batch of the same optimizer step (gradient accumulation)
         self._step_begun = step
@@ -526,7 +527,7 @@ class PowerLimitOptimizer(MeteredCallback):
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any, batch_idx: int) -> None:
-        if not trainer.fit_loop.epoch_loop._should_accumulate() and trainer._logger_connector.should_update_logs:
+        if not is_accumulating(trainer) and should_log_step(trainer):
             self._log(trainer, {"power_limit/current_W": float(self._current_W)})
 
     # ---------------------------------------------------------------- interruptions
@@ -602,7 +603,7 @@ class PowerLimitOptimizer(MeteredCallback):
                 logger.experiment.add_figure("power_limit/profile", figure, global_step=trainer.global_step, close=False)
 
     def _log(self, trainer: Trainer, metrics: dict) -> None:
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
 
     # ---------------------------------------------------------------- dry run
     def _finish_dry_run(self, trainer: Trainer) -> None:

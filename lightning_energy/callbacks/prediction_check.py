@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.timeline import StepFigures
 from lightning_energy.measure.meter import measure
 from lightning_energy.predict.pre_run import EnergyEstimate, compare_prediction
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+
+log_info = rank_zero_info_for(__name__)
 
 PREDICTION_FILE = "energy_prediction.json"
 SOURCES = ("empirical", "theoretical")
@@ -56,8 +58,7 @@ class EnergyPredictionCheck(MeteredCallback):
             raise TypeError(f"`prediction` must be an EnergyEstimate or a step energy in J > 0, got {prediction!r}")
         self.predicted_step_J = step_J
         self.source = source
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.result: dict | None = None
         self._measured_J = 0.0
         self._batches = 0
@@ -97,6 +98,6 @@ class EnergyPredictionCheck(MeteredCallback):
         self.write_output(self._log_dir / PREDICTION_FILE, self.result)
         metrics = {f"prediction/{k}": self.result[k] for k in ("predicted_J", "measured_J", "error", "steps")}
         self.log_metrics(trainer, metrics, trainer.global_step)
-        rank_zero_info(f"lightning-energy: predicted {self.result['predicted_J']:.4g} J, measured "
+        log_info(f"lightning-energy: predicted {self.result['predicted_J']:.4g} J, measured "
                        f"{self.result['measured_J']:.4g} J over {self.result['steps']} steps "
                        f"(error {self.result['error']:+.1%})")

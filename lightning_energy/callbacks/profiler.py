@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.io import atomic_write_text
 from lightning_energy.measure.meter import Mark, Measurement, measure
 from lightning_energy.outputs.op_energy import (
@@ -25,6 +25,8 @@ from lightning_energy.outputs.op_energy import (
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.series import bound_between
+
+log_info = rank_zero_info_for(__name__)
 
 ACTIVITIES = ("cpu", "cuda")
 TRACE_GLOB = "*.pt.trace.json*"
@@ -152,8 +154,7 @@ class EnergyProfiler(MeteredCallback):
         self.schedule = dict(wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first)
         self.record_shapes, self.profile_memory, self.with_stack = record_shapes, profile_memory, with_stack
         self.activities = None if activities is None else list(activities)
-        self._user_sensors = self.check_sensors(sensors)
-        self.interval_s = self.check_interval(interval_s)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.use_gzip = use_gzip
         self.top_ops = top_ops
         self.windows: list[ProfiledWindow] = []
@@ -195,7 +196,7 @@ class EnergyProfiler(MeteredCallback):
         self.estimated_sensors = sorted(s.name for s in attachment.sensors if s.estimated)
         self._scopes = {s.name: s.scope for s in attachment.sensors}
         if self.estimated_sensors:
-            rank_zero_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
+            log_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
                            "energy in the traces and per-op tables is labelled estimated")
         self._sampler = attachment.sampler
         self._sampler.add_listener(self._recorder)

@@ -17,18 +17,20 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
+from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import MW_PER_W
 
+log_info = rank_zero_info_for(__name__)
 
 
 def _zeus_bso():
@@ -105,9 +107,8 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self.batch_arg_name = batch_arg_name
         self.gpu = gpu
         self.max_power_W, self.gpu_model = max_power_W, gpu_model
-        self._user_sensors = self.check_sensors(sensors)
+        self.configure_measurement(sensors, interval_s=interval_s)
         self.timeout_s = float(timeout_s)
-        self.interval_s = self.check_interval(interval_s)
         self.batch_size: int | None = None
         self.trial: dict | None = None
         self.reports: list[dict] = []
@@ -197,7 +198,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self.trial = trainer.strategy.broadcast(trial, src=0)
         self.batch_size = int(self.trial["batch_size"])
         lightning_setattr(pl_module, self.batch_arg_name, self.batch_size)
-        rank_zero_info(f"ZeusBatchSizeOptimizer: job {self.trial['job_id']} trial {self.trial['trial_number']}: "
+        log_info(f"ZeusBatchSizeOptimizer: job {self.trial['job_id']} trial {self.trial['trial_number']}: "
                        f"batch size {self.batch_size}")
 
     @override
@@ -229,7 +230,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
             self.outcome = answer
             trainer.should_stop = True
             if answer["converged"]:
-                rank_zero_info(f"ZeusBatchSizeOptimizer: {answer['message']} (batch size {self.batch_size})")
+                log_info(f"ZeusBatchSizeOptimizer: {answer['message']} (batch size {self.batch_size})")
             else:
                 rank_zero_warn(f"ZeusBatchSizeOptimizer: the server ends this run: {answer['message'].strip()} "
                                f"Batch size {self.batch_size} will not be tried again; start the next run.")
@@ -255,7 +256,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
         self.reports.append(row)
         metrics = {"bso/batch_size": float(self.batch_size), "bso/energy_J": result.energy, "bso/time_s": result.time,
                    "bso/cost": row["cost"]}
-        self.log_metrics(trainer, metrics, trainer.fit_loop.epoch_loop._batches_that_stepped)
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
         return answer.dict()
 
     # ---------------------------------------------------------------- resume

@@ -10,15 +10,18 @@ first in ``Trainer(callbacks=[...])`` places the mark; callback order no longer 
 from __future__ import annotations
 
 import functools
+import logging
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
 from lightning_energy.integration import session as sessions
+from lightning_energy.integration.lightning_internals import summary_file_writer, tensorboard_tag_prefix
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor, validate_sensors
 from lightning_energy.measure.sensors.detect import BACKENDS
@@ -152,6 +155,13 @@ class MeteredCallback(Callback):
                     logger.log_metrics(metrics, step=step)
 
     # ------------------------------------------------------------------ argument checks
+    def configure_measurement(self, sensors, backend: str = "auto", interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        """Check and keep the measuring arguments every suite callback takes: ``sensors`` (None: those of the
+        Trainer's session, else auto-detected by ``backend``) and the sampling ``interval_s`` (s)."""
+        self._user_sensors = self.check_sensors(sensors, backend)
+        self.backend = backend
+        self.interval_s = self.check_interval(interval_s)
+
     @staticmethod
     def check_sensors(sensors, backend: str = "auto") -> list[Sensor] | None:
         if backend not in BACKENDS:
@@ -189,6 +199,20 @@ class MeteredCallback(Callback):
         return Path(path)
 
 
+def rank_zero_info_for(module: str) -> Callable[[str], None]:
+    """``log_info(message)``: an INFO record of ``logging.getLogger(module)`` on the process of global rank
+    zero only (Lightning's ``rank_zero_only``, the rank read at each call). The suite's messages go to the
+    ``lightning_energy`` loggers, so a user can silence or redirect them by name (shown on stderr by default,
+    as Lightning shows its own: see ``lightning_energy/__init__.py``)."""
+    logger = logging.getLogger(module)
+
+    @rank_zero_only
+    def log_info(message: str) -> None:
+        logger.info(message, stacklevel=3)  # the record names the caller, not this wrapper
+
+    return log_info
+
+
 def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
     """Write ``metrics`` to a TensorBoard logger as ONE event of several scalars (the same tags and step as
     its ``log_metrics``, which writes one event per scalar: ~80 us each here, the bulk of a one-batch
@@ -199,12 +223,12 @@ def _tensorboard_event(logger, metrics: dict[str, float], step: int) -> bool:
         return False
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    prefix = f"{logger._prefix}{logger.LOGGER_JOIN_CHAR}" if logger._prefix else ""
+    prefix = tensorboard_tag_prefix(logger)
     values = [Summary.Value(tag=f"{prefix}{name}", simple_value=float(value)) for name, value in metrics.items()]
-    logger.experiment._get_file_writer().add_summary(Summary(value=values), step)
+    summary_file_writer(logger.experiment).add_summary(Summary(value=values), step)
     return True
 
 
 # the base's own boundary hooks: every suite callback reports every boundary
 for _name, _boundary in BOUNDARIES.items():
-    setattr(MeteredCallback, _name, _report(_boundary)(_nothing))
+    setattr(MeteredCallback, _name, override(_report(_boundary)(_nothing)))

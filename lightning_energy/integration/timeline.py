@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
 
 from lightning_energy.measure.meter import EnergyWindow, Mark, Measurement, Meter, measure
+from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
 from lightning_energy.measure.sampler import Sampler
 
 LOOP_KINDS = ("val", "test", "predict")
@@ -230,14 +231,13 @@ class Timeline:
             return
         self._batch_open = False
         step = self._step
-        epoch_loop = trainer.fit_loop.epoch_loop
         step.batches += 1
-        if trainer.accumulate_grad_batches > 1 and epoch_loop._should_accumulate():
+        if trainer.accumulate_grad_batches > 1 and is_accumulating(trainer):
             return  # the optimizer steps at a later batch: the window stays open
         self._step = None
         log = should_log_step(trainer) or bool(trainer.fast_dev_run)
         end = self.meter.mark()
-        self.meter.add_window(step.start, end, tag=None, info=(epoch_loop._batches_that_stepped, step, log, end),
+        self.meter.add_window(step.start, end, tag=None, info=(batches_that_stepped(trainer), step, log, end),
                               keep=True)
         if self._epoch is not None:
             self._epoch.steps += 1
@@ -250,7 +250,7 @@ class Timeline:
         self._batch_open = False
         self._step = None
         epoch.end = self.meter.mark()
-        epoch.step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        epoch.step = batches_that_stepped(trainer)
         self._epoch = None
         self._pending_epochs.append(epoch)
         if self._distributed:
@@ -262,7 +262,7 @@ class Timeline:
             return
         fitting = _fitting(trainer)
         epoch = trainer.current_epoch
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped if fitting else trainer.global_step
+        step = batches_that_stepped(trainer) if fitting else trainer.global_step
         loop = self._loops[kind] = _Loop(kind, epoch, step, fitting, self.meter.mark())
         if self._distributed:
             self.sampler.retain(self, self.sampler.clock() - RETAIN_MARGIN_S)
@@ -554,7 +554,7 @@ def should_log_step(trainer) -> bool:
     every_n = trainer.log_every_n_steps
     if every_n == 0:
         return False
-    return (trainer.fit_loop.epoch_loop._batches_that_stepped + 1) % every_n == 0 or bool(trainer.should_stop)
+    return (batches_that_stepped(trainer) + 1) % every_n == 0 or bool(trainer.should_stop)
 
 
 def _is_distributed(trainer) -> bool:

@@ -1,21 +1,13 @@
-"""Batch-size helpers shared by the batch-size search, Zeus's BSO client and the GPU simulator."""
+"""Batch-size helpers shared by the batch-size search, Zeus's BSO client, the FLOPs counter and the GPU simulator."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from lightning_energy.integration.lightning_internals import first_batch_size
+
 
 def batch_length(batch: Any) -> int | None:
-    """Samples in a batch: the first dimension of its first tensor (None if there is none)."""
-    import torch
-
-    stack = [batch]
-    while stack:
-        item = stack.pop(0)
-        if isinstance(item, torch.Tensor):
-            return int(item.shape[0]) if item.dim() > 0 else None
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return None
+    """Samples in a batch as Lightning counts them for ``self.log``: the first dimension of its first tensor,
+    depth first through sequences, mappings and dataclasses (a 0-d tensor counts 1); None if there is none."""
+    return first_batch_size(batch)

@@ -35,6 +35,8 @@ import warnings
 from pathlib import Path
 from urllib.parse import parse_qs
 
+from lightning_energy.measure.zeus_codecarbon_internals import empty_bso_connection_pool
+
 DEFAULT_DATABASE = "zeus_bso.sqlite3"
 NEEDS = ("zeus, fastapi>=0.119,<0.128 (FastAPI serves Zeus's pydantic.v1 models only in that range), uvicorn, "
          "sqlalchemy[asyncio]>=2, aiosqlite, python-dotenv")
@@ -199,7 +201,7 @@ async def create_tables(base, sessionmanager) -> None:
     """Zeus's tables, where missing; the pool is emptied after so that the server's event loop opens its own."""
     async with sessionmanager.connect() as connection:
         await connection.run_sync(base.metadata.create_all)
-    await sessionmanager._engine.dispose()
+    await empty_bso_connection_pool(sessionmanager)
 
 
 class LauncherError(Exception):

@@ -21,6 +21,8 @@ import math
 import re
 import time
 
+from lightning_energy.integration.lightning_internals import (
+    set_writes_default_hp_metric, summary_file_writer, writes_default_hp_metric)
 from lightning_energy.outputs.worker import DEFAULT_CLOSE_TIMEOUT_S, OutputWorker, describe_error
 from lightning_energy.provenance import UNKNOWN, combine, word
 from lightning_energy.measure.sampler import Reading
@@ -214,8 +216,8 @@ class TensorBoardExtras:
         start (TensorBoard keeps a run's first one), so :meth:`write_report`'s summary is the one shown.
         The logger still records the hyperparameters (``hparams.yaml``); undone by :meth:`close`."""
         for lg in self.loggers:
-            if getattr(lg, "_default_hp_metric", None) is True:
-                lg._default_hp_metric = False
+            if writes_default_hp_metric(lg) is True:
+                set_writes_default_hp_metric(lg, False)
                 self._hp_metric_defaults.append((lg, True))
 
     def write_report(self, trainer, report: dict) -> None:
@@ -250,7 +252,7 @@ class TensorBoardExtras:
                 del writer.close
         self._hooks = []
         for lg, default in self._hp_metric_defaults:
-            lg._default_hp_metric = default
+            set_writes_default_hp_metric(lg, default)
         self._hp_metric_defaults = []
         if self._closed:
             return self.worker.pending() == 0
@@ -357,7 +359,7 @@ def _write_report(writer, params: dict, values: dict, metric_tags: list[str], te
     from torch.utils.tensorboard.summary import hparams
 
     experiment, start, end = hparams(params, dict.fromkeys(metric_tags, 0.0))  # the summary takes names only
-    file_writer = writer._get_file_writer()
+    file_writer = summary_file_writer(writer)
     for summary in (experiment, start, end):
         file_writer.add_summary(summary, step)
     for tag, value in values.items():

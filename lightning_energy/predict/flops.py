@@ -30,6 +30,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from lightning_energy.optimize.batch_size import batch_length
+
 ROOT_ROW = "(model)"  # the name of a model that is itself a single layer
 OTHER_ROW = "(other ops)"  # FLOPs outside any leaf module: functional calls, losses, non-leaf parameters
 STUDY_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -303,7 +305,7 @@ def count_model(model: nn.Module, example_input: Any, backward: bool = True) -> 
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         with FlopsRecorder(model) as recorder:
-            recorder.batch_size = batch_size_of(example_input)
+            recorder.batch_size = batch_length(example_input)
             if isinstance(example_input, dict):
                 output = model(**example_input)
             elif isinstance(example_input, (tuple, list)):
@@ -324,12 +326,6 @@ def count_model(model: nn.Module, example_input: Any, backward: bool = True) -> 
     if backward and not params:
         table.notes.append("no trainable parameters: backward FLOPs not counted")
     return table
-
-
-def batch_size_of(batch: Any) -> int | None:
-    """Leading dimension of the first tensor in a batch (tensor, sequence, dict), None if there is none."""
-    tensor = _first_tensor(batch)
-    return int(tensor.shape[0]) if tensor is not None and tensor.dim() > 0 else None
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -74,7 +74,7 @@ def plan_from_trainer(trainer) -> PlannedRun:
     early = any(isinstance(c, EarlyStopping) for c in trainer.callbacks)
     if early:
         notes.append("EarlyStopping may end the fit sooner: the forecast is the worst case (every planned epoch)")
-    if any(isinstance(c, Timer) and getattr(c, "_duration", None) is not None for c in trainer.callbacks):
+    if any(isinstance(c, Timer) and c.time_remaining() is not None for c in trainer.callbacks):
         notes.append("max_time may end the fit sooner than forecast")
     max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else None
     return plan_run(trainer.num_training_batches, max_epochs, trainer.max_steps, trainer.accumulate_grad_batches,

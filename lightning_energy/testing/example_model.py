@@ -9,6 +9,7 @@ from __future__ import annotations
 import lightning as L
 import torch
 from torch import nn
+from typing_extensions import override
 
 
 class TinyAutoencoder(L.LightningModule):
@@ -36,6 +37,7 @@ class TinyAutoencoder(L.LightningModule):
         self.decoder = nn.Sequential(nn.Linear(latent, hidden), nn.LeakyReLU(0.01), nn.Linear(hidden, in_features))
         self._data: dict[str, torch.Tensor] = {}
 
+    @override
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.encoder(x))
 
@@ -47,6 +49,7 @@ class TinyAutoencoder(L.LightningModule):
         x = factors @ mixing + 0.05 * torch.randn(n, self.hparams.in_features, generator=g)
         self._data = {"train": x[: self.hparams.n_train], "val": x[self.hparams.n_train:]}
 
+    @override
     def setup(self, stage: str) -> None:
         if not self._data:
             self._make_data()
@@ -55,9 +58,11 @@ class TinyAutoencoder(L.LightningModule):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(self._data[split]),
                                            batch_size=self.hparams.batch_size)
 
+    @override
     def train_dataloader(self):
         return self._loader("train")
 
+    @override
     def val_dataloader(self):
         return self._loader("val")
 
@@ -65,13 +70,16 @@ class TinyAutoencoder(L.LightningModule):
         (x,) = batch
         return nn.functional.mse_loss(self(x).float(), x.float())
 
+    @override
     def training_step(self, batch, batch_idx):
         loss = self._loss(batch)
         self.log("train/loss", loss, batch_size=batch[0].shape[0])
         return loss
 
+    @override
     def validation_step(self, batch, batch_idx):
         self.log("val/loss", self._loss(batch), batch_size=batch[0].shape[0])
 
+    @override
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

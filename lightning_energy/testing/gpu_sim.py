@@ -82,6 +82,7 @@ from typing_extensions import override
 from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.provenance import SIMULATED
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.zeus_codecarbon_internals import set_zeus_gpus_slot, zeus_gpus_slot
 from lightning_energy.units import BYTES_PER_GIB, MJ_PER_J, MW_PER_W
 
 
@@ -588,9 +589,9 @@ def installed_in_zeus(gpus: list[SimulatedGPU]):
     """Within the block ``zeus.device.get_gpus()`` returns these simulated GPUs (Zeus's own code drives them)."""
     with contextlib.redirect_stdout(io.StringIO()):
         import zeus.device.gpu as zeus_gpu
-    previous = zeus_gpu._gpus
-    zeus_gpu._gpus = SimulatedGPUs(gpus)
+    previous = zeus_gpus_slot(zeus_gpu)
+    set_zeus_gpus_slot(zeus_gpu, SimulatedGPUs(gpus))
     try:
-        yield zeus_gpu._gpus
+        yield zeus_gpus_slot(zeus_gpu)
     finally:
-        zeus_gpu._gpus = previous
+        set_zeus_gpus_slot(zeus_gpu, previous)

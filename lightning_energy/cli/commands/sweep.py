@@ -3,8 +3,8 @@
 Each run is a normal Lightning fit with EnergyCallback (its log dir under ``OUTPUT_DIR/runs/``), recorded
 in ``OUTPUT_DIR/energy_catalog.sqlite``. Prints the results table with the CERN study's estimate
 (energy per batch over 10 batches x batches) beside the measured energy, and writes
-``sweep_results.json`` and ``sweep_results.csv`` into the output dir. See :mod:`lightning_energy.sweep.runner`
-for power limits: on the simulated GPU (``sensors: {simulated: ...}``) or set on the real NVIDIA GPUs
+``sweep_results.json`` and ``sweep_results.csv`` into the output dir. The config's keys:
+:mod:`lightning_energy.sweep.config`; power limits (:mod:`lightning_energy.sweep.runner`): on the simulated GPU (``sensors: {simulated: ...}``) or set on the real NVIDIA GPUs
 (``sensors: auto``; checked before the first run, the default restored after each).
 """
 
@@ -31,9 +31,8 @@ def run(args) -> int:
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.io import atomic_write_json, atomic_write_text
     from lightning_energy.provenance import MEASURED, combine, word
-    from lightning_energy.sweep.runner import (
-        SweepConfigError, SweepError, load_config, run_name, run_sweep, summarise, sweep_order,
-    )
+    from lightning_energy.sweep.config import SweepConfigError, load_config
+    from lightning_energy.sweep.runner import SweepError, run_name, run_sweep, summarise, sweep_order
 
     try:
         config = load_config(args.config)

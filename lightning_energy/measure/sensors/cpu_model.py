@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_cpu_matcher
 
 IDLE_FRACTION = 0.1  # CodeCarbon, machine mode: a loaded CPU model draws at least 10 % of TDP
 LOAD_EXPONENT = 3  # CodeCarbon's cubic load curve (machine mode)
@@ -155,7 +156,7 @@ def _codecarbon_cpu():
             from codecarbon.input import DataSource
 
             table = DataSource().get_cpu_power_data()
-        matcher = TDP.__new__(TDP)._get_matching_cpu  # the rule TDP() applies to the detected model
+        matcher = codecarbon_cpu_matcher(TDP)  # the rule TDP() applies to the detected model
     except (ImportError, AttributeError, OSError, ValueError):
         return None, None, WATTS_PER_THREAD
     return table, matcher, float(DEFAULT_POWER_PER_CORE)

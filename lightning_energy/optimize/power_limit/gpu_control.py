@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lightning_energy.io import atomic_write_json
+from lightning_energy.measure.zeus_codecarbon_internals import quiet_zeusd_gpu
 from lightning_energy.units import MW_PER_W
 
 MARKER_FORMAT = "lightning-energy power-limit marker 1"
@@ -76,7 +77,7 @@ def open_nvml_gpu(nvml_index: int, what: str | None = None):
             if config is None:
                 return NVIDIAGPU(nvml_index)
             gpu = ZeusdNVIDIAGPU(nvml_index, ZeusdClient(config))
-            gpu._disable_sys_admin_warning = True  # as get_gpus() does
+            quiet_zeusd_gpu(gpu)  # as get_gpus() does
             return gpu
     except Exception as err:
         raise GpuControlError(f"Zeus cannot open {label} ({type(err).__name__}: {err})") from err

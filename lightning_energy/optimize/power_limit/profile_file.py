@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_energy.io import atomic_write_bytes, atomic_write_json
+from lightning_energy.measure.zeus_codecarbon_internals import zeus_profile_list_model
 from lightning_energy.optimize.power_limit.search import (
     LimitProfile,
     MIN_SPARE_POINTS,
@@ -58,7 +59,7 @@ def read_profile(path: str | os.PathLike) -> tuple[list[LimitProfile], dict]:
         raise ValueError(f"power-limit profile {path} cannot be read: {err}") from err
     zpl = _zeus_power_limit()
     try:
-        parsed = zpl._PowerLimitMeasurementList.parse_obj(document)
+        parsed = zeus_profile_list_model(zpl).parse_obj(document)
     except Exception as err:  # pydantic's ValidationError names the bad field
         raise ValueError(f"power-limit profile {path} is not a valid profile: {err}") from err
     rows = document["measurements"]
