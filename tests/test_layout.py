@@ -20,9 +20,6 @@ SIMULATOR_USERS = {"lightning_energy.sweep.config", "lightning_energy.sweep.runn
 # the only modules that may reach another package's private names (one function per use, version named)
 PRIVATE_USE_MODULES = {"lightning_energy.integration.lightning_internals",
                        "lightning_energy.measure.zeus_codecarbon_internals"}
-# the precision callback and plugin are being reworked beside this rule (issue 19's precision part): their
-# private Lightning uses move into lightning_internals there; remove them from this set then
-PRIVATE_USE_PENDING = {"lightning_energy.callbacks.precision", "lightning_energy.integration.precision_plugin"}
 
 
 def module_name(path: Path) -> str:
@@ -128,7 +125,7 @@ OWN_PRIVATE = own_private_names(SOURCES.values()) | {m.rsplit(".", 1)[-1] for m 
 
 
 def private_use_violations(sources: dict[str, str], own: set[str]) -> list[str]:
-    return [f"{m} {use}" for m, source in sources.items() if m not in PRIVATE_USE_MODULES | PRIVATE_USE_PENDING
+    return [f"{m} {use}" for m, source in sources.items() if m not in PRIVATE_USE_MODULES
             for use in private_uses(source, own)]
 
 

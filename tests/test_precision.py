@@ -968,3 +968,17 @@ def test_with_the_noise_floor_a_round_is_reference_candidates_reference(tmp_path
     assert windows == ["32-true", "bf16-mixed", "32-true", "32-true", "bf16-mixed", "32-true"]
     assert callback.chosen == "bf16-mixed" and callback.profile_rounds == 2
     assert callback.profiles["32-true"]["aa_pairs"] == 2 and callback.profiles["32-true"]["steps"] == 16
+
+
+def test_switch_messages_go_to_the_precision_modules_logger_not_stdout(tmp_path, capsys, caplog, clock):
+    """A switch and the report's path are library messages: INFO records of ``lightning_energy.callbacks.precision``
+    (a user silences them by name), never printed."""
+    import logging
+
+    sensor, follow = cost_model(clock, "bf16-mixed")
+    callback = switch(sensor, candidates=["32-true", "bf16-mixed"])
+    with caplog.at_level(logging.INFO, logger="lightning_energy"):
+        fit(tmp_path, TinyRegressor(), [callback, follow], max_epochs=2)
+    ours = [r.getMessage() for r in caplog.records if r.name == "lightning_energy.callbacks.precision"]
+    assert any("-> bf16-mixed" in m for m in ours) and any("report written to" in m for m in ours)
+    assert "PrecisionSwitch" not in capsys.readouterr().out

@@ -14,12 +14,13 @@ from typing import Any, Sequence
 import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
-from lightning_energy.integration.timeline import StepFigures
+from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
+from lightning_energy.integration.timeline import StepFigures, should_log_step
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
@@ -56,6 +57,8 @@ from lightning_energy.optimize.precision.report import (
 )
 
 PROBE = "precision_probe"  # the timeline's sub-window of the full-precision replay
+
+log_info = rank_zero_info_for(__name__)
 
 
 class _FromPolicy:
@@ -333,7 +336,7 @@ class PrecisionSwitch(MeteredCallback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         # the timeline has opened this step's window (MeteredCallback reports the boundary first)
         self._batch_mode = self.plugin.mode_name
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        step = batches_that_stepped(trainer)
         if step != self._step_begun:  # the step's first batch (more follow with gradient accumulation)
             self._step_begun = step
             policy = self.policy
@@ -366,10 +369,10 @@ class PrecisionSwitch(MeteredCallback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch: Any,
                            batch_idx: int) -> None:
         self._accumulate(trainer, outputs)
-        if trainer.fit_loop.epoch_loop._should_accumulate():
+        if is_accumulating(trainer):
             return  # the optimizer steps at a later batch: the step goes on
         mode = self._batch_mode
-        if trainer._logger_connector.should_update_logs:
+        if should_log_step(trainer):
             self._log(trainer, {"precision/mode": float(MODES[mode].code)})
         plugin = self.plugin
         failure = self.policy.step_failure(mode, plugin.skipped_steps > self._skips_before, plugin.consecutive_skips)
@@ -408,7 +411,7 @@ class PrecisionSwitch(MeteredCallback):
         decision = self.policy.settle(gathered) if trainer.is_global_zero else None
         decision = trainer.strategy.broadcast(decision, src=0)
         if decision["chosen"] is None:
-            rank_zero_info(f"PrecisionSwitch: {decision['reason']}")
+            log_info(f"PrecisionSwitch: {decision['reason']}")
             self._switch(trainer, *self.policy.apply_round(decision))
             return
         mode, reason = self.policy.apply_round(decision)
@@ -482,7 +485,7 @@ class PrecisionSwitch(MeteredCallback):
         self.switches.append(event)
         self._log(trainer, {"precision/switches": float(len(self.switches))})
         text = f"step {event['step']}: {previous} -> {mode} ({reason})"
-        rank_zero_info(f"PrecisionSwitch: {text}")
+        log_info(f"PrecisionSwitch: {text}")
         self._mode_text(trainer, text)
 
     def _mode_text(self, trainer: Trainer, text: str) -> None:
@@ -492,10 +495,10 @@ class PrecisionSwitch(MeteredCallback):
 
             for logger in trainer.loggers:
                 if isinstance(logger, TensorBoardLogger):
-                    logger.experiment.add_text("precision/mode", text, global_step=_log_step(trainer))
+                    logger.experiment.add_text("precision/mode", text, global_step=batches_that_stepped(trainer))
 
     def _log(self, trainer: Trainer, metrics: dict[str, float]) -> None:
-        self.log_metrics(trainer, metrics, _log_step(trainer))
+        self.log_metrics(trainer, metrics, batches_that_stepped(trainer))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -513,7 +516,7 @@ class PrecisionSwitch(MeteredCallback):
             where = self.report_path or "not written (see the warning)"
             print(format_precision_report(self.report) + f"\nreport: {where}", flush=True)
         elif self.report_path is not None:
-            rank_zero_info(f"PrecisionSwitch: report written to {self.report_path}")
+            log_info(f"PrecisionSwitch: report written to {self.report_path}")
 
     def energy_report_section(self, trainer: Trainer) -> dict:
         """The per-mode table for EnergyCallback's ``energy_report.json`` (called on every rank)."""
@@ -610,10 +613,6 @@ class _LossWindow:
             stats[GAP_N] = both.sum()
         self.losses, self.pairs = [], []
         return stats
-
-
-def _log_step(trainer: Trainer) -> int:
-    return getattr(trainer.fit_loop.epoch_loop, "_batches_that_stepped", trainer.global_step)
 
 
 # the decision rules live in the policy; re-exported here, where they were before

@@ -8,7 +8,7 @@ against (Lightning 2.6.6, torch 2.13). When Lightning changes, this file is the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 # ---------------------------------------------------------------------- the fit loop
@@ -116,3 +116,27 @@ def summary_file_writer(writer):
     (several scalars in one event; an hparams summary): ``_get_file_writer()`` (checked: torch 2.13; the same
     call ``SummaryWriter.add_hparams`` makes)."""
     return writer._get_file_writer()
+
+
+def closure_then_pre_step_hooks(plugin, model, optimizer, closure: Callable[[], Any]) -> Any:
+    """Run the closure (forward and backward), then what Lightning runs between it and the optimizer's step:
+    the ``on_before_optimizer_step`` hooks and gradient clipping, i.e. ``Precision._after_closure``.
+
+    A protected method with no public counterpart (checked with Lightning 2.6.6; ``MixedPrecision`` calls
+    it the same way). A step that may be skipped needs it: ``Precision.optimizer_step`` runs the closure
+    inside ``optimizer.step``, which cannot be called off once the gradients are seen."""
+    closure_result = closure()
+    plugin._after_closure(model, optimizer)
+    return closure_result
+
+
+def optimizer_unscales_inside_step(optimizer) -> bool:
+    """True for an optimizer that unscales (and skips) inside its own step (fused Adam): the gradient scaler
+    then calls its step even on non-finite gradients, and only the scale's back-off tells a skipped step.
+
+    The test ``MixedPrecision`` itself uses to decide whether to unscale: the private
+    ``lightning.fabric.plugins.precision.amp._optimizer_handles_unscaling`` (no public counterpart; checked
+    with Lightning 2.6.6), which reads torch's ``optimizer._step_supports_amp_scaling``."""
+    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    return _optimizer_handles_unscaling(optimizer)

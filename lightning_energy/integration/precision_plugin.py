@@ -17,7 +17,8 @@ the parameters' dtype under the optimizer's state and DDP's gradient buckets, wh
 the dtype present at setup. Use ``64-true`` as a fixed mode from the start of a run.
 
 Two protected parts of Lightning are used, each in one function (checked with Lightning 2.6.6):
-:func:`_closure_then_pre_step_hooks` and :func:`_unscales_inside_step`.
+:func:`~lightning_energy.integration.lightning_internals.closure_then_pre_step_hooks` and
+:func:`~lightning_energy.integration.lightning_internals.optimizer_unscales_inside_step`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import Tensor
 from torch.optim import LBFGS
 from typing_extensions import override
 
+from lightning_energy.integration.lightning_internals import closure_then_pre_step_hooks, optimizer_unscales_inside_step
 from lightning_energy.optimize.precision.modes import MODE_NAMES, REFERENCE_MODE, PrecisionMode, get_mode, unavailable_reason
 
 
@@ -287,7 +289,7 @@ class SwitchablePrecision(Precision):
         def backward_ran() -> bool:  # else Lightning's plugin returns before the scaler's step and update
             return bool(results) and not (results[0] is None and model.automatic_optimization)
 
-        if _unscales_inside_step(optimizer) or not isinstance(optimizer, torch.optim.Optimizer):
+        if optimizer_unscales_inside_step(optimizer) or not isinstance(optimizer, torch.optim.Optimizer):
             # the optimizer's step runs (and skips inside) in any case: the scale backs off iff it skipped
             scale_before = scaler.get_scale()  # two extra host-device synchronisations
             step_output = delegate.optimizer_step(optimizer, model=model, closure=recorded, **kwargs)
@@ -307,7 +309,7 @@ class SwitchablePrecision(Precision):
     def _checked_step(self, optimizer, model, closure: Callable[[], Any], **kwargs: Any) -> Any:
         """The step of a reduced mode without a scaler: skipped when a gradient is not finite (no Lightning
         plugin skips: theirs run the closure inside ``optimizer.step``, which cannot be called off then)."""
-        closure_result = _closure_then_pre_step_hooks(self.delegate(), model, optimizer, closure)
+        closure_result = closure_then_pre_step_hooks(self.delegate(), model, optimizer, closure)
         if closure_result is None and model.automatic_optimization:
             return closure_result  # backward was skipped
         if not gradients_finite(optimizer):
@@ -387,27 +389,3 @@ def lightning_plugin(mode: PrecisionMode, device_type: str, scaler: torch.amp.Gr
     plugin = MixedPrecision(precision, device_type)
     plugin.scaler = None  # float16 without scaling: MixedPrecision builds a scaler for '16-mixed'; not used here
     return plugin
-
-
-def _closure_then_pre_step_hooks(plugin: Precision, model, optimizer, closure: Callable[[], Any]) -> Any:
-    """Run the closure (forward and backward), then what Lightning runs between it and the optimizer's step:
-    the ``on_before_optimizer_step`` hooks and gradient clipping, i.e. ``Precision._after_closure``.
-
-    A protected method with no public counterpart (checked with Lightning 2.6.6; ``MixedPrecision`` calls
-    it the same way). A step that may be skipped needs it: ``Precision.optimizer_step`` runs the closure
-    inside ``optimizer.step``, which cannot be called off once the gradients are seen."""
-    closure_result = closure()
-    plugin._after_closure(model, optimizer)
-    return closure_result
-
-
-def _unscales_inside_step(optimizer) -> bool:
-    """True for an optimizer that unscales (and skips) inside its own step (fused Adam): the gradient scaler
-    then calls its step even on non-finite gradients, and only the scale's back-off tells a skipped step.
-
-    The test ``MixedPrecision`` itself uses to decide whether to unscale: the private
-    ``lightning.fabric.plugins.precision.amp._optimizer_handles_unscaling`` (no public counterpart; checked
-    with Lightning 2.6.6), which reads torch's ``optimizer._step_supports_amp_scaling``."""
-    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
-
-    return _optimizer_handles_unscaling(optimizer)
