@@ -88,6 +88,15 @@ class RowSource:
         if emitted != self.n_rows or held:
             raise BalerInputError(f"{self.source} changed while it was read: {emitted + held} rows, not {self.n_rows}")
 
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as float64 (checked for NaN/inf), read at random (streaming training); only
+        sources that can seek do: in-memory tables and memory-mapped ``.npy``/uncompressed ``.npz`` data."""
+        raise BalerInputError(
+            f"{self.source}: streamed training reads chunks in random order, which this input cannot do (a"
+            " deflated .npz member or a ROOT file is read front to back); save the array with np.save or np.savez"
+            " (uncompressed), or set data.streaming: false"
+        )
+
     def to_table(self) -> Table:
         """All rows in memory, as a :class:`Table`."""
         data = np.empty((self.n_rows, *self.sample_shape))
@@ -127,6 +136,9 @@ class TableRows(RowSource):
         step = rows or block_rows(self.sample_shape)
         for start in range(0, self.n_rows, step):
             yield start, self.table.data[start : start + step]  # float64 and finite already
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.table.data[start:stop]
 
     def to_table(self) -> Table:
         return self.table
@@ -220,6 +232,22 @@ class MappedRows(_NpyArray):
             finally:
                 mapped._mmap.close()  # unmap now: the resident pages stay those of one block
                 del mapped
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        row_bytes = self.n_columns * self.dtype.itemsize
+        try:
+            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
+                               shape=(stop - start, *self.sample_shape))  # fmt: skip
+        except (ValueError, OSError) as exc:  # the file shrank or vanished since it was opened
+            raise BalerInputError(f"{self.source} changed while it was read (rows {start}..{stop - 1}):"
+                                  f" {' '.join(str(exc).split())[:120]}") from None  # fmt: skip
+        try:
+            values = np.array(mapped, dtype=np.float64)
+        finally:
+            mapped._mmap.close()
+            del mapped
+        check_finite(values, self.names, self.source, start)
+        return values
 
 
 class StreamedRows(_NpyArray):
