@@ -107,7 +107,7 @@ class BalerDataModule(L.LightningDataModule):
             overrides the dtypes read from the file; integer columns are restored rounded. Stored in the
             checkpoint, so ``baler-lit compress`` uses them for files that carry no dtypes.
         streaming: read batches from disk chunk by chunk instead of holding the table in memory (see the module
-            docstring); needs random access: ``.npy`` or an uncompressed (``np.savez``) ``.npz``.
+            docstring); needs random access: ``.npy``, an uncompressed (``np.savez``) ``.npz`` or ROOT.
         chunk_rows, window_chunks: rows per chunk read and chunks per shuffling window when streaming (at most
             ``chunk_rows × window_chunks`` input rows in memory at once).
 

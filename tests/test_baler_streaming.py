@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from baler_conftest_helpers import REPO, one_thread, single_thread  # noqa: F401 (a fixture)
+from baler_conftest_helpers import NANOAOD, REPO, one_thread, requires, single_thread  # noqa: F401 (a fixture)
 
 from baler_lit.cli import main
 from baler_lit.data import BalerDataModule
@@ -62,6 +62,35 @@ def test_streamed_normaliser_equals_the_in_memory_one_on_the_same_file(tmp_path,
     assert np.array_equal(streamed.normalizer.minimum, in_memory.normalizer.minimum)
     assert np.array_equal(streamed.normalizer.scale, in_memory.normalizer.scale)
     assert streamed.rows.dtypes == in_memory.table.dtypes and streamed.input_shape == in_memory.input_shape
+
+
+@requires(NANOAOD)
+def test_root_jets_stream_rows_read_at_random_as_the_table_holds_them(monkeypatch):
+    """One row per jet: a random read finds its entries from every 7th entry's first row (a small stride, so
+    reads start and end between marks), and the streamed normaliser equals the in-memory one."""
+    from baler_lit import row_source
+    from baler_lit.sources import load_root
+
+    monkeypatch.setattr(row_source, "ENTRY_INDEX_STRIDE", 7)
+    table = load_root(NANOAOD, prefix="Jet_")
+    dm = BalerDataModule(str(NANOAOD), root_prefix="Jet_", streaming=True, chunk_rows=50, val_fraction=0.2)
+    rows = dm.rows
+    assert isinstance(rows, row_source.RootRows) and rows.n_rows == table.n_rows > rows.n_entries
+    rng = np.random.default_rng(0)
+    for _ in range(12):
+        start = int(rng.integers(0, rows.n_rows))
+        stop = int(rng.integers(start + 1, rows.n_rows + 1))
+        assert np.array_equal(rows.read_rows(start, stop), table.data[start:stop])
+    in_memory = BalerDataModule(str(NANOAOD), root_prefix="Jet_")
+    assert np.array_equal(dm.normalizer.minimum, in_memory.normalizer.minimum)
+    assert np.array_equal(dm.normalizer.scale, in_memory.normalizer.scale)
+    loader = ChunkedBatches(rows, dm.normalizer, "train", 32, 0.2, 50, 3, seed=0, dtype=torch.float64)
+    seen = loader.normalizer.inverse(np.concatenate([b.numpy() for b in loader]))
+    train_rows, _ = _split_rows(table.n_rows, 50, 0.2, seed=0)
+    expected = table.data[sorted(train_rows)]
+    by_row = lambda a: a[np.lexsort(a.T[::-1])]  # noqa: E731 (rows in one canonical order)
+    assert len(seen) == len(expected) == table.n_rows - round(0.2 * table.n_rows)
+    assert np.allclose(by_row(seen), by_row(expected), rtol=1e-9, atol=1e-9 * np.abs(table.data).max())
 
 
 def test_every_training_row_once_per_epoch_and_validation_rows_never(tmp_path):
