@@ -22,6 +22,10 @@ The input's rows are cut into *chunks* of ``chunk_rows`` consecutive rows in fil
   to ``rows // world size``. Every rank therefore runs exactly ``ceil((rows // world) / batch_size)`` batches
   (unequal counts would leave one rank waiting in the epoch-end collective forever); the
   ``rows mod world size`` rows dropped are the epoch's last, different every epoch, as in the in-memory mode.
+  The price: every rank reads every chunk of its split each epoch and keeps 1/world size of its rows (the ranks
+  of one node share the page cache; across nodes the reads multiply). Giving each rank its own chunks would read
+  the file once, but the ranks' row counts would then differ from epoch to epoch while the loader's length must
+  not.
 
 At most ``window_chunks × chunk_rows`` rows of the input (plus fewer than ``batch_size`` carried rows) are in
 memory at once, whatever the file's size.
