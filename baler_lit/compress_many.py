@@ -5,12 +5,15 @@
 and nodes for users: ``--accelerator``, ``--num-nodes``). Each input goes to exactly one rank (input ``i`` to
 rank ``i mod world size``, not Lightning's DistributedSampler, which pads the last shard by repeating inputs),
 each rank compresses its files one by one with the streaming :func:`~baler_lit.compression.compress`, and
-rank 0 writes ``manifest.json`` (input, output, rows, bytes, ratio, corrections, the rank that made it)
-after gathering every rank's results. Unlike the single-file commands this one imports Lightning.
+rank 0 writes ``manifest.json`` after gathering every rank's results: the checkpoint used (its path, byte
+size and SHA-256, hashed once before any file is compressed, so the manifest says which weights made every file
+and a rerun can be checked against it), the world size, and per input: output, rows, bytes, ratio, corrections
+and the rank that made it. Unlike the single-file commands this one imports Lightning.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -24,6 +27,21 @@ from .errors import BalerInputError
 from .table import atomic_output
 
 MANIFEST = "manifest.json"
+#: Bytes read per step while hashing the checkpoint.
+HASH_BLOCK = 1 << 20
+
+
+def checkpoint_identity(path: str | os.PathLike) -> dict[str, Any]:
+    """``{"path", "bytes", "sha256"}`` of the checkpoint file at ``path`` (absolute path; hashed block by block)."""
+    p = Path(path)
+    digest = hashlib.sha256()
+    try:
+        with open(p, "rb") as fh:
+            while block := fh.read(HASH_BLOCK):
+                digest.update(block)
+    except OSError as exc:
+        raise BalerInputError(f"cannot read checkpoint {p}: {exc.strerror or exc}") from None
+    return {"path": str(p.resolve()), "bytes": p.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def output_paths(inputs: list[str], output_dir: Path) -> list[Path]:
@@ -45,6 +63,7 @@ class CompressFiles(L.LightningModule):
         super().__init__()
         from .cli import load_checkpoint
 
+        self.checkpoint = checkpoint_identity(ckpt)  # before loading: the bytes hashed are the bytes loaded
         self.trained = load_checkpoint(ckpt)
         self.inputs = list(inputs)
         self.output_dir = Path(output_dir)
@@ -84,7 +103,7 @@ class CompressFiles(L.LightningModule):
             torch.distributed.all_gather_object(gathered, self.results)
         if self.global_rank == 0:
             files = sorted((r for part in gathered for r in part), key=lambda r: self.inputs.index(r["input"]))
-            manifest = {"checkpoint": "see each file's header", "world_size": self.trainer.world_size, "files": files}
+            manifest = {"checkpoint": self.checkpoint, "world_size": self.trainer.world_size, "files": files}
             with atomic_output(self.output_dir / MANIFEST, overwrite=True) as fh:
                 fh.write(json.dumps(manifest, indent=1).encode())
 

@@ -7,6 +7,12 @@ batches: no per-sample ``__getitem__``, no collate, no host-to-device copy per s
 Data sources, in order: ``path`` (``.npz`` or ``.root``, see :mod:`baler_lit.sources`) or, when no path is
 given, the embedded synthetic CMS-jet table (:mod:`baler_lit.synthetic`). The min-max normaliser is fitted on
 the whole table (as Baler does) and handed to the LightningModule, which stores it in checkpoints.
+
+``streaming=True`` trains on data larger than memory: nothing is loaded whole; the normaliser comes from one
+scanning pass and batches are read chunk by chunk (:mod:`baler_lit.streaming`). It is a setting, not chosen
+automatically above a memory bound: the two modes shuffle differently (the whole table against a window of
+chunks) and split differently, so a switch made by the machine's free memory would make the same config give
+another model on another machine.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ import torch
 
 from .errors import BalerInputError
 from .normalization import MinMaxNormalizer
+from .row_source import RowSource, TableRows, open_rows
 from .sources import load_table
+from .streaming import CHUNK_ROWS, WINDOW_CHUNKS, ChunkedBatches, check_stream_settings
 from .synthetic import synthetic_cms_jets
-from .table import Table
+from .table import Table, column_dtype_names
 
 
 class TensorBatches:
@@ -98,6 +106,10 @@ class BalerDataModule(L.LightningDataModule):
         type_list: Baler's ``type_list``: one numpy dtype name per column (``"int"``, ``"float64"``, ...) that
             overrides the dtypes read from the file; integer columns are restored rounded. Stored in the
             checkpoint, so ``baler-lit compress`` uses them for files that carry no dtypes.
+        streaming: read batches from disk chunk by chunk instead of holding the table in memory (see the module
+            docstring); needs random access: ``.npy``, an uncompressed (``np.savez``) ``.npz`` or ROOT.
+        chunk_rows, window_chunks: rows per chunk read and chunks per shuffling window when streaming (at most
+            ``chunk_rows × window_chunks`` input rows in memory at once).
 
     ``test`` and ``predict`` run over the whole table in file order (the rows a compression covers).
     """
@@ -117,10 +129,12 @@ class BalerDataModule(L.LightningDataModule):
         per_column: bool | None = None,
         eval_batch_size: int | None = None,
         type_list: Sequence[str] | None = None,
+        streaming: bool = False,
+        chunk_rows: int = CHUNK_ROWS,
+        window_chunks: int = WINDOW_CHUNKS,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise BalerInputError(f"batch_size must be >= 1, got {batch_size}")
+        check_stream_settings(batch_size, chunk_rows, window_chunks)
         if not 0.0 <= val_fraction < 1.0:
             raise BalerInputError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.path = path
@@ -136,6 +150,10 @@ class BalerDataModule(L.LightningDataModule):
         self.root_prefix = root_prefix
         self.per_column = per_column
         self.type_list = [str(t) for t in type_list] if type_list else None
+        self.streaming = bool(streaming)
+        self.chunk_rows = int(chunk_rows)
+        self.window_chunks = int(window_chunks)
+        self._rows: RowSource | None = None
         self._table: Table | None = None
         self._normalizer: MinMaxNormalizer | None = None
         self._tensors: dict[str, torch.Tensor] = {}
@@ -157,16 +175,38 @@ class BalerDataModule(L.LightningDataModule):
         return self._table
 
     @property
+    def rows(self) -> RowSource:
+        """The input described (rows, sample shape, names, dtypes, source) and readable block by block: the file
+        itself when streaming (nothing loaded), else the in-memory table."""
+        if self._rows is None:
+            if not self.streaming:
+                self._rows = TableRows(self.table)
+            elif self.path is None:
+                self._rows = TableRows(synthetic_cms_jets(self.synthetic_rows, self.seed))
+            else:
+                self._rows = open_rows(self.path, self.npz_key, self.root_tree, self.root_branches, self.root_prefix)
+            if self.streaming and self.type_list is not None:
+                self._rows.dtypes = column_dtype_names(self.type_list, len(self._rows.dtypes), self._rows.source)
+                if not isinstance(self._rows, TableRows):
+                    self._rows.dtypes_inferred = False
+        return self._rows
+
+    @property
     def input_shape(self) -> tuple[int, ...]:
         """Shape of one sample: ``(n_columns,)`` or ``(H, W)``; the CLI links it to ``model.input_shape``."""
-        return self.table.sample_shape
+        return self.rows.sample_shape
 
     @property
     def normalizer(self) -> MinMaxNormalizer:
-        """Min-max normaliser fitted on the whole table."""
+        """Min-max normaliser fitted on the whole input (streaming: one scanning pass, one chunk in memory)."""
         if self._normalizer is None:
-            per_column = (not self.table.is_frames) if self.per_column is None else self.per_column
-            self._normalizer = MinMaxNormalizer.fit(self.table.data, per_column=per_column)
+            rows = self.rows
+            per_column = (not rows.is_frames) if self.per_column is None else self.per_column
+            if self.streaming:
+                blocks = (values for _, values in rows.blocks(self.chunk_rows))
+                self._normalizer = MinMaxNormalizer.fit_blocks(blocks, per_column=per_column)
+            else:
+                self._normalizer = MinMaxNormalizer.fit(self.table.data, per_column=per_column)
         return self._normalizer
 
     @property
@@ -174,7 +214,7 @@ class BalerDataModule(L.LightningDataModule):
         return self.val_fraction > 0 and self._n_val() > 0
 
     def _n_val(self) -> int:
-        n = self.table.n_rows
+        n = self.rows.n_rows
         n_val = int(round(n * self.val_fraction))
         if self.val_fraction > 0 and n_val >= n:
             raise BalerInputError(f"val_fraction {self.val_fraction} leaves no training rows out of {n}")
@@ -232,21 +272,36 @@ class BalerDataModule(L.LightningDataModule):
                 self._tensors["all"] = torch.from_numpy(normalised).to(device)
         return self._tensors[split]
 
-    def train_dataloader(self) -> TensorBatches:
+    def _chunked(self, split: str, batch_size: int, shuffle: bool, distributed: bool = True) -> ChunkedBatches:
+        device, dtype = self._device_and_dtype()
+        rank, world = self._rank() if distributed else (0, 1)
+        return ChunkedBatches(self.rows, self._active_normalizer(), split, batch_size, self.val_fraction,
+                              self.chunk_rows, self.window_chunks, shuffle, self.seed, rank, world, device,
+                              dtype)  # fmt: skip
+
+    def train_dataloader(self) -> TensorBatches | ChunkedBatches:
+        if self.streaming:
+            return self._chunked("train", self.batch_size, self.shuffle)
         rank, world = self._rank()
         return TensorBatches(self._tensor("train"), self.batch_size, self.shuffle, self.seed, rank, world)
 
-    def val_dataloader(self) -> TensorBatches:
+    def val_dataloader(self) -> TensorBatches | ChunkedBatches:
         if not self.has_validation:
             raise BalerInputError(
                 f"no validation rows (data.val_fraction={self.val_fraction}); set a val_fraction > 0 to validate"
             )
+        if self.streaming:
+            return self._chunked("val", self.eval_batch_size, False)
         rank, world = self._rank()
         return TensorBatches(self._tensor("val"), self.eval_batch_size, False, self.seed, rank, world)
 
-    def test_dataloader(self) -> TensorBatches:
+    def test_dataloader(self) -> TensorBatches | ChunkedBatches:
+        if self.streaming:
+            return self._chunked("all", self.eval_batch_size, False)
         rank, world = self._rank()
         return TensorBatches(self._tensor("all"), self.eval_batch_size, False, self.seed, rank, world)
 
-    def predict_dataloader(self) -> TensorBatches:
+    def predict_dataloader(self) -> TensorBatches | ChunkedBatches:
+        if self.streaming:
+            return self._chunked("all", self.eval_batch_size, False, distributed=False)
         return TensorBatches(self._tensor("all"), self.eval_batch_size, False, self.seed)

@@ -136,9 +136,10 @@ class BalerModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is None or not hasattr(datamodule, "table"):
+        # a BalerDataModule's ``rows`` describes the input without loading it (``table`` would, even when streaming)
+        table = datamodule.rows if hasattr(type(datamodule), "rows") else getattr(datamodule, "table", None)
+        if table is None:
             return
-        table = datamodule.table
         if tuple(table.sample_shape) != tuple(self.model.input_shape):
             raise BalerInputError(
                 f"column-count mismatch: the model expects samples of shape {tuple(self.model.input_shape)},"

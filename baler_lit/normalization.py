@@ -8,6 +8,7 @@ it maps to 0 and back to its value exactly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,27 @@ class MinMaxNormalizer:
         else:
             lo = np.array([arr.min()], dtype=np.float64)
             hi = np.array([arr.max()], dtype=np.float64)
+        return cls._from_range(lo, hi)
+
+    @classmethod
+    def fit_blocks(cls, blocks: Iterable[np.ndarray], per_column: bool = True) -> MinMaxNormalizer:
+        """:meth:`fit` over consecutive blocks of rows (one pass, memory of one block): a running minimum and
+        maximum, so the result equals :meth:`fit` on the blocks' concatenation exactly."""
+        lo = hi = None
+        for block in blocks:
+            arr = np.asarray(block)
+            if arr.ndim < 2 or arr.shape[0] == 0:
+                continue
+            b_lo = arr.min(axis=0) if per_column else np.array([arr.min()])
+            b_hi = arr.max(axis=0) if per_column else np.array([arr.max()])
+            lo = b_lo.astype(np.float64) if lo is None else np.minimum(lo, b_lo)
+            hi = b_hi.astype(np.float64) if hi is None else np.maximum(hi, b_hi)
+        if lo is None:
+            raise BalerInputError("normalisation needs at least one row of (n_samples, ...) data")
+        return cls._from_range(lo, hi)
+
+    @classmethod
+    def _from_range(cls, lo: np.ndarray, hi: np.ndarray) -> MinMaxNormalizer:
         if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
             raise BalerInputError("cannot normalise data containing NaN or inf")
         span = hi - lo

@@ -35,6 +35,8 @@ BLOCK_ROWS = 65536
 BLOCK_VALUES = 2**21
 #: Bytes of branch data ``uproot.iterate`` reads per step from a ROOT file.
 ROOT_STEP = "32 MB"
+#: :class:`RootRows` keeps the first row number of one entry in this many (what a random read starts from).
+ENTRY_INDEX_STRIDE = 256
 #: Fixed part of a zip local file header (bytes).
 ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
@@ -88,6 +90,15 @@ class RowSource:
         if emitted != self.n_rows or held:
             raise BalerInputError(f"{self.source} changed while it was read: {emitted + held} rows, not {self.n_rows}")
 
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as float64 (checked for NaN/inf), read at random (streaming training); only
+        sources that can seek do: in-memory tables, memory-mapped ``.npy``/uncompressed ``.npz`` data and ROOT."""
+        raise BalerInputError(
+            f"{self.source}: streamed training reads chunks in random order, which this input cannot do (a"
+            " deflated .npz member is inflated front to back); save the array with np.save or np.savez"
+            " (uncompressed), or set data.streaming: false"
+        )
+
     def to_table(self) -> Table:
         """All rows in memory, as a :class:`Table`."""
         data = np.empty((self.n_rows, *self.sample_shape))
@@ -127,6 +138,9 @@ class TableRows(RowSource):
         step = rows or block_rows(self.sample_shape)
         for start in range(0, self.n_rows, step):
             yield start, self.table.data[start : start + step]  # float64 and finite already
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.table.data[start:stop]
 
     def to_table(self) -> Table:
         return self.table
@@ -221,6 +235,22 @@ class MappedRows(_NpyArray):
                 mapped._mmap.close()  # unmap now: the resident pages stay those of one block
                 del mapped
 
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        row_bytes = self.n_columns * self.dtype.itemsize
+        try:
+            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
+                               shape=(stop - start, *self.sample_shape))  # fmt: skip
+        except (ValueError, OSError) as exc:  # the file shrank or vanished since it was opened
+            raise BalerInputError(f"{self.source} changed while it was read (rows {start}..{stop - 1}):"
+                                  f" {' '.join(str(exc).split())[:120]}") from None  # fmt: skip
+        try:
+            values = np.array(mapped, dtype=np.float64)
+        finally:
+            mapped._mmap.close()
+            del mapped
+        check_finite(values, self.names, self.source, start)
+        return values
+
 
 class StreamedRows(_NpyArray):
     """A deflated npz member, decompressed block by block (one pass per :meth:`blocks` call)."""
@@ -257,10 +287,17 @@ class RootRows(RowSource):
         with open_root(path) as rootfile:
             ttree, self.branches, self.jagged = select_branches(rootfile, path, tree, branches, prefix)
             self.tree = ttree.object_path
-            n_rows, dtypes = 0, None
-            for columns in self._columns(ttree):
+            n_rows, n_entries, dtypes = 0, 0, None
+            row_at = [0]  # rows before entry 0, ENTRY_INDEX_STRIDE, 2·ENTRY_INDEX_STRIDE, ... (for read_rows)
+            for counts, columns in self._columns(ttree):
+                before = n_rows + np.concatenate([[0], np.cumsum(counts)])  # rows before each entry of the step
+                stride = ENTRY_INDEX_STRIDE
+                row_at += before[(n_entries // stride + 1) * stride - n_entries :: stride].tolist()
                 n_rows += len(columns[0])
+                n_entries += len(counts)
                 dtypes = dtypes or [c.dtype.name for c in columns]
+        self.n_entries = n_entries
+        self._row_at = np.array(row_at, dtype=np.int64)
         if not n_rows:
             raise BalerInputError(f"input {path}: the selected branches hold no values")
         self.n_rows = n_rows
@@ -268,28 +305,48 @@ class RootRows(RowSource):
         self.names = list(self.branches)
         self.dtypes = dtypes
 
-    def _columns(self, ttree) -> Iterator[list[np.ndarray]]:
+    def _columns(self, ttree, **entries) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
+        """(rows of each entry, one array per branch) for every ``ROOT_STEP`` of the tree (within ``entries``:
+        ``entry_start``/``entry_stop``)."""
+        import awkward as ak
+
         from .sources import root_columns
 
         try:
-            for arrays in ttree.iterate(self.branches, step_size=ROOT_STEP, library="ak"):
-                yield root_columns(arrays, self.branches, self.jagged, self.path)
+            for arrays in ttree.iterate(self.branches, step_size=ROOT_STEP, library="ak", **entries):
+                first = arrays[self.branches[0]]
+                counts = ak.to_numpy(ak.num(first, axis=1)) if self.jagged else np.ones(len(first), dtype=np.int64)
+                yield counts, root_columns(arrays, self.branches, self.jagged, self.path)
         except BalerInputError:
             raise
         except Exception as exc:  # uproot raises many types for damaged files
             raise BalerInputError(f"cannot read branches from {self.path}: {exc}") from None
 
-    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    def _raw_blocks(self, rows: int, **entries) -> Iterator[tuple[int, np.ndarray]]:
         from .sources import open_root
 
         start = 0
         with open_root(self.path) as rootfile:
-            for columns in self._columns(rootfile[self.tree]):
+            for _, columns in self._columns(rootfile[self.tree], **entries):
                 block = np.empty((len(columns[0]), len(columns)))
                 for j, col in enumerate(columns):
                     block[:, j] = col
                 yield start, block
                 start += len(block)
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)``: the entries that hold them (found from every ``ENTRY_INDEX_STRIDE``-th entry's
+        first row, so up to that many entries more on each side are read and dropped) through ``uproot.iterate``."""
+        first = int(np.searchsorted(self._row_at, start, side="right")) - 1
+        last = int(np.searchsorted(self._row_at, stop, side="left"))
+        entry_start, entry_stop = first * ENTRY_INDEX_STRIDE, min(last * ENTRY_INDEX_STRIDE, self.n_entries)
+        blocks = [b for _, b in self._raw_blocks(0, entry_start=entry_start, entry_stop=entry_stop)]
+        offset = start - int(self._row_at[first])
+        values = np.concatenate(blocks)[offset : offset + stop - start] if blocks else np.empty((0, self.n_columns))
+        if len(values) != stop - start:
+            raise BalerInputError(f"{self.source} changed while it was read (rows {start}..{stop - 1})")
+        check_finite(values, self.names, self.source, start)
+        return values
 
 
 def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:

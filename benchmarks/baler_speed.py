@@ -114,9 +114,11 @@ class Original:
     def __bool__(self) -> bool:
         return self.note is None
 
-    def run(self, data: Path, config: dict, phases: str = "train") -> dict:
+    def run(self, data: Path, config: dict, phases: str = "train", reuse_output: Path | None = None) -> dict:
+        reuse = ["--reuse-output", str(reuse_output)] if reuse_output is not None else []
         timed = run_process([str(self.python), str(WRAPPER), "--baler-original", str(self.checkout),
-                             "--input", str(data), "--config", json.dumps(config), "--phases", phases])  # fmt: skip
+                             "--input", str(data), "--config", json.dumps(config), "--phases", phases,
+                             *reuse])  # fmt: skip
         result = json.loads(timed["stdout"].strip().splitlines()[-1])
         ends = result.pop("epoch_end_s", [])
         result.update(wall_s=timed["wall_s"], cpu_s=timed["cpu_s"], epoch_s=[b - a for a, b in zip(ends, ends[1:])])

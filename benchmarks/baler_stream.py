@@ -12,8 +12,15 @@ its import and work times and its peak RSS (``VmHWM``: ``getrusage``'s ``ru_maxr
 parent's peak across exec). The floor row is a process
 that only imports what the commands import (torch, numpy, baler_lit): what any baler-lit process costs.
 
-Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baler_stream.py [--rows 7700000] [--work /tmp/baler_stream]``
-(about 5 min on one core). Writes ``benchmarks/results/baler_stream.json``.
+Training rows (``--part train``): ``BalerDataModule(streaming=True)`` trains the same AE (float32, batch 512, no
+validation) for ``--steps`` optimizer steps on the full file and on 1/4 of it, beside the in-memory mode on 1/4
+(a size that fits); each fit runs in a fresh process (this script's ``--child-train`` mode) that reports its
+setup time (reading/scanning the file, up to the first step), steps/s after ``WARMUP_STEPS`` warm-up steps and
+its peak RSS. Goal: streamed peak RSS <= 1 GB whatever the rows.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/baler_stream.py [--rows 7700000] [--work /tmp/baler_stream]
+[--part all|files|train]`` (about 8 min on one core). Writes ``benchmarks/results/baler_stream.json`` (a
+``--part`` run replaces its own section and keeps the other's).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ RESULT = ROOT / "benchmarks" / "results" / "baler_stream.json"
 FULL_ROWS = 7_700_000
 RSS_GOAL_MB = 1024
 GENERATE_BLOCK = 500_000
+#: Optimizer steps left out of the steps/s of a training row (first-window read, allocator warm-up).
+WARMUP_STEPS = 20
 
 
 def _peak_rss_mb() -> float:
@@ -65,9 +74,45 @@ def _child(argv: list[str]) -> None:
                                   "peak_rss_mb": _peak_rss_mb()}))  # fmt: skip
 
 
-def _run_child(argv: list[str]) -> dict:
+def _child_train(data: str, streaming: str, steps: str) -> None:
+    """Train the AE for ``steps`` steps on ``data`` (streamed or in memory); print setup time, steps/s, peak RSS."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    start = time.perf_counter()
+    import lightning as L
+    import torch
+
+    from baler_lit.data import BalerDataModule
+    from baler_lit.module import BalerModule
+
+    torch.manual_seed(0)
+    marks: dict[str, float] = {}
+
+    class StepClock(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == 0:
+                marks.setdefault("first_step", time.perf_counter())
+            if trainer.global_step == WARMUP_STEPS:
+                marks.setdefault("warm", time.perf_counter())
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            marks["end"] = time.perf_counter()
+            marks["steps"] = trainer.global_step
+
+    imported = time.perf_counter()
+    dm = BalerDataModule(data, batch_size=512, val_fraction=0.0, streaming=streaming == "streamed")
+    model = BalerModule(input_shape=dm.input_shape, latent_dim=8, lr_patience=None, early_stopping_patience=None)
+    trainer = L.Trainer(max_steps=int(steps), accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[StepClock()],
+                        default_root_dir=os.path.dirname(data))  # fmt: skip
+    trainer.fit(model, dm)
+    print("RESULT " + json.dumps({"code": 0, "import_s": imported - start, "setup_s": marks["first_step"] - imported,
+                                  "steps": marks["steps"], "steps_per_s": (marks["steps"] - WARMUP_STEPS)
+                                  / (marks["end"] - marks["warm"]), "peak_rss_mb": _peak_rss_mb()}))  # fmt: skip
+
+
+def _run_child(argv: list[str], mode: str = "--child") -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, __file__, mode, *argv], capture_output=True, text=True, env=env,
                           check=False)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -128,11 +173,58 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/baler_stream", help="folder for the generated data (not the repo)")
     parser.add_argument("--bound", type=float, default=0.1, help="relative error bound of the bounded run")
     parser.add_argument("--keep", action="store_true", help="keep the generated inputs for a rerun")
+    parser.add_argument("--part", choices=["all", "files", "train"], default="all",
+                        help="compress/decompress rows, training rows, or both")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps per training row")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     if ROOT in work.resolve().parents or work.resolve() == ROOT:
         raise SystemExit("--work must lie outside the repository")
+    result = json.loads(RESULT.read_text()) if RESULT.exists() and args.part != "all" else {}
+    if args.part in ("all", "files"):
+        result.update(_files_part(args, work))
+    if args.part in ("all", "train"):
+        result["training"] = _train_part(args, work)
+    result.update({"benchmark": "baler_stream", "note": "wall times on a shared machine are noisy; RSS is not",
+                   "machine": machine.machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"))})  # fmt: skip
+    machine.write_json_atomic(RESULT, result)
+    print(f"written {RESULT}")
+    if not args.keep:
+        for p in work.glob("jets_*"):
+            p.unlink()
+
+
+def _train_part(args: argparse.Namespace, work: Path) -> dict:
+    """Streamed training on the full file and on 1/4 of it, in-memory training on 1/4: steps/s and peak RSS."""
+    quarter = args.rows // 4
+    runs = []
+    for rows, mode in ((quarter, "in-memory"), (quarter, "streamed"), (args.rows, "streamed")):
+        data = work / f"jets_{rows}.npz"
+        _generate(data, rows)
+        result = _run_child([str(data), mode, str(args.steps)], "--child-train")
+        runs.append({"mode": mode, "rows": rows, **result})
+        print(f"  train {mode:<10} {rows:>10} rows: setup {result['setup_s']:6.2f} s, {result['steps_per_s']:7.1f}"
+              f" steps/s, peak RSS {result['peak_rss_mb']:7.0f} MB", flush=True)  # fmt: skip
+    print()
+    print(f"{'training (batch 512, AE 24->8)':<32} {'rows':>10} {'setup s':>8} {'steps/s':>8} {'peak RSS MB':>11}")
+    for r in runs:
+        print(f"{r['mode']:<32} {r['rows']:>10} {r['setup_s']:8.2f} {r['steps_per_s']:8.1f} {r['peak_rss_mb']:11.0f}")
+    memory, streamed_q, streamed_full = runs
+    summary = {
+        "streamed_over_in_memory_steps_per_s": streamed_q["steps_per_s"] / memory["steps_per_s"],
+        "streamed_peak_rss_mb_at_full": streamed_full["peak_rss_mb"],
+        "streamed_rss_growth_mb_quarter_to_full": streamed_full["peak_rss_mb"] - streamed_q["peak_rss_mb"],
+        "meets_rss_goal": streamed_full["peak_rss_mb"] <= RSS_GOAL_MB,
+    }
+    print(f"streamed/in-memory steps/s at {quarter} rows: x{summary['streamed_over_in_memory_steps_per_s']:.2f};"
+          f" streamed peak RSS {streamed_full['peak_rss_mb']:.0f} MB at {args.rows} rows (goal <= {RSS_GOAL_MB}),"
+          f" {summary['streamed_rss_growth_mb_quarter_to_full']:+.0f} MB from 1/4 of the rows")  # fmt: skip
+    return {"steps": args.steps, "warmup_steps": WARMUP_STEPS, "batch_size": 512, "runs": runs, "summary": summary}
+
+
+def _files_part(args: argparse.Namespace, work: Path) -> dict:
+    """Streaming compress/decompress at 1/4, 1/2 and all of the rows, and an error-bounded compress."""
     ckpt = work / "ae.ckpt"
     _checkpoint(ckpt)
     floor = _run_child(["imports"])
@@ -184,20 +276,14 @@ def main() -> None:
         print(f"{cmd}: peak RSS {s['peak_rss_mb_at_full']:.0f} MB at {mine[-1]['rows']} rows (goal <= {RSS_GOAL_MB}),"
               f" {s['rss_growth_mb_quarter_to_full']:+.0f} MB from 1/4 of the rows; work time x"
               f"{s['time_full_over_quarter']:.2f} for x{s['rows_full_over_quarter']:.0f} rows")  # fmt: skip
-    machine.write_json_atomic(RESULT, {
-        "benchmark": "baler_stream", "rows": sizes, "columns": 24, "input_dtype": "float32",
-        "floor": floor, "runs": runs, "summary": summary, "rss_goal_mb": RSS_GOAL_MB,
-        "note": "wall times on a shared machine are noisy; RSS is not",
-        "machine": machine.machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS")),
-    })  # fmt: skip
-    print(f"written {RESULT}")
-    if not args.keep:
-        for p in work.glob("jets_*"):
-            p.unlink()
+    return {"rows": sizes, "columns": 24, "input_dtype": "float32", "floor": floor, "runs": runs,
+            "summary": summary, "rss_goal_mb": RSS_GOAL_MB}  # fmt: skip
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--child-train":
+        _child_train(*sys.argv[2:])
     else:
         main()

@@ -327,6 +327,7 @@ def test_compress_many_shards_the_inputs_over_two_ddp_ranks(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] == 2
+    assert manifest["checkpoint"] == _checkpoint_identity(tmp_path / "ae.ckpt")
     assert [f["input"] for f in manifest["files"]] == list(map(str, inputs))  # each input exactly once
     assert [f["rank"] for f in manifest["files"]] == [0, 1, 0]  # input i on rank i mod 2
     trained = load_checkpoint(tmp_path / "ae.ckpt")
@@ -337,3 +338,35 @@ def test_compress_many_shards_the_inputs_over_two_ddp_ranks(tmp_path):
         assert np.array_equal(ranked.arrays["latent"], read_compressed(single.path).arrays["latent"])
         assert manifest["files"][i]["rows"] == 700 + 100 * i == ranked.n_rows
         assert np.array_equal(decode(ranked), decode(read_compressed(single.path)))
+
+
+def _checkpoint_identity(path: Path) -> dict:
+    import hashlib
+
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}  # fmt: skip
+
+
+def test_compress_many_manifest_names_the_checkpoint_by_path_and_sha256(tmp_path):
+    """A manifest says which weights made its files: another checkpoint (one weight changed) gives another hash."""
+    from baler_lit.compress_many import MANIFEST, compress_many
+
+    table = synthetic_cms_jets(300, seed=1)
+    model, norm = _trained(table, latent=8, steps=5)
+    _save_checkpoint(tmp_path / "ae.ckpt", model, norm, table)
+    data = tmp_path / "part.npz"
+    from baler_lit.table import save_npz
+
+    save_npz(data, table)
+    out = tmp_path / "out"
+    out.mkdir()
+    compress_many(str(tmp_path / "ae.ckpt"), [str(data)], str(out))
+    first = json.loads((out / MANIFEST).read_text())["checkpoint"]
+    assert first == _checkpoint_identity(tmp_path / "ae.ckpt")
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1.0
+    _save_checkpoint(tmp_path / "ae.ckpt", model, norm, table)
+    compress_many(str(tmp_path / "ae.ckpt"), [str(data)], str(out), overwrite=True)
+    second = json.loads((out / MANIFEST).read_text())["checkpoint"]
+    assert second == _checkpoint_identity(tmp_path / "ae.ckpt") and second["sha256"] != first["sha256"]
+    assert second["path"] == first["path"] == str((tmp_path / "ae.ckpt").resolve())
