@@ -346,3 +346,23 @@ def test_old_sensors_package_keeps_the_simulated_sensor(monkeypatch):
     with pytest.warns(DeprecationWarning):
         old = importlib.import_module("lightning_energy.sensors")
     assert old.SimulatedSensor is SimulatedSensor and old.Sensor is Sensor
+
+
+def test_the_former_sweep_modules_names_import_from_the_sweep_package():
+    """``lightning_energy.sweep`` was one module; its public API now lives in ``sweep.config`` and
+    ``sweep.runner`` and stays importable from the package (without importing Lightning until used)."""
+    import subprocess
+    import sys
+
+    import lightning_energy.sweep as sweep
+    from lightning_energy.sweep import config, runner
+
+    names = ("AXES", "SweepConfig", "SweepConfigError", "load_config", "parse_config", "SweepError",
+             "per_step_figures", "run_one", "run_sweep", "summarise", "sweep_order")
+    homes = {name: config if hasattr(config, name) else runner for name in names}
+    assert all(getattr(sweep, name) is getattr(homes[name], name) for name in names)
+    with pytest.raises(AttributeError):
+        sweep.no_such_name  # noqa: B018
+    probe = "import sys, lightning_energy.sweep as s; s.parse_config; print('lightning' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
