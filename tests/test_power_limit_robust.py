@@ -224,6 +224,41 @@ def test_no_r2_without_spare_points_no_vertex_outside_the_range_and_simulated_on
     assert "simulated" not in measured
 
 
+def legend_covered_points(fig) -> list[tuple[int, float, float]]:
+    """(panel, x, y) of every drawn data point (markers and the fit's line vertices) that a legend box covers."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    covered = []
+    for panel, ax in enumerate(fig.axes):
+        boxes = [legend.get_window_extent(renderer) for legend in fig.legends + [ax.get_legend()] if legend]
+        for line in ax.get_lines():
+            if line.get_linestyle() == "--":
+                continue  # the chosen limit's vertical line: not data
+            for x, y in line.get_xydata():
+                px, py = ax.transData.transform((x, y))
+                if any(box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1 for box in boxes):
+                    covered.append((panel, float(x), float(y)))
+    return covered
+
+
+def test_the_profile_figures_legends_cover_no_data():
+    """A simulated V100's sweep (every 25 W limit, repeated windows at 300 and 150 W): the middle panel's legend
+    (loc="best" inside the axes, 3-4 entries) covered the 150 W point; now every legend sits outside the axes."""
+    gpu = SimulatedGPU(gpu_index=99)
+    objective = Objective("zeus_cost", eta_knob=0.5)
+    profiles = model_profiles(gpu, GRID)
+    for limit, factor in ((300, 1.03), (150, 0.97)):
+        p = profiles[limit]
+        profiles[limit] = p.merged(LimitProfile(limit, p.energy_J * factor, p.time_s * factor, p.steps))
+    for chosen in (150, 225, 300):
+        fig = profile_figure(list(profiles.values()), objective, chosen, gpu.name, simulated=True)
+        assert legend_covered_points(fig) == [], chosen
+        figure_box = fig.bbox
+        for ax in fig.axes:  # and no legend is cut off by the figure's edge
+            box = ax.get_legend().get_window_extent(fig.canvas.get_renderer())
+            assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1 and figure_box.y0 <= box.y0, chosen
+
+
 def test_a_vertex_outside_the_profiled_range_is_not_reported():
     from lightning_energy.analysis.fit import quadratic_fit
 
