@@ -51,7 +51,10 @@ CONFIDENCE_Z = 1.5  # near-ties: a rival within this many standard deviations of
 GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
 DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
-DEFAULT_REPEAT_BUDGET = 8  # most extra windows of a search (the noise calibration included): success before steps
+DEFAULT_REPEAT_BUDGET = 8  # most extra windows while exploring (the noise calibration and near-tie splits included)
+# Most further windows that settle the final choice (repeats of near-ties, or of limits near the max-slowdown
+# threshold) once the exploration budget is spent: the fallback to more profiling, never a worse pick.
+DEFAULT_SETTLE_BUDGET = 12
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
@@ -301,7 +304,7 @@ class AdaptiveSearch:
 
     def __init__(self, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                  noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                 repeat_budget: int = DEFAULT_REPEAT_BUDGET) -> None:
+                 repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET) -> None:
         if not grid:
             raise ValueError("the limit grid is empty")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
@@ -317,8 +320,12 @@ class AdaptiveSearch:
         self.max_repeats = max_repeats
         if isinstance(repeat_budget, bool) or not isinstance(repeat_budget, int) or repeat_budget < 0:
             raise ValueError(f"`repeat_budget` must be an integer >= 0, got {repeat_budget!r}")
+        if isinstance(settle_budget, bool) or not isinstance(settle_budget, int) or settle_budget < 0:
+            raise ValueError(f"`settle_budget` must be an integer >= 0, got {settle_budget!r}")
         self.repeat_budget = repeat_budget
+        self.settle_budget = settle_budget
         self._repeats_left = repeat_budget
+        self._settles_left = settle_budget
         self._split_limits: set[int] = set()  # limits profiled to split a near-tie (they count as repeats)
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
@@ -326,19 +333,20 @@ class AdaptiveSearch:
         calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
         return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
                 "max_limits": len(self.grid), "calibration_windows": calibration,
-                "repeat_budget": self.repeat_budget if self.max_repeats > 0 else 0}
+                "repeat_budget": self.repeat_budget + self.settle_budget if self.max_repeats > 0 else 0}
 
     # ---------------------------------------------------------------- noise
     def noise_level(self, profiled: Mapping[int, LimitProfile]) -> float:
         """Relative standard deviation of one window: repeated windows' spread pooled with the prior."""
         squares, dof = 0.0, 0.0
         for p in profiled.values():
-            windows = p.window_figures()
+            windows = p.windows
             if len(windows) < 2:
                 continue
-            for column in (0, 1):  # energy and time per step
-                values = np.array([w[column] / w[2] for w in windows], dtype=float)
-                squares += float(np.sum((values / values.mean() - 1.0) ** 2))
+            for column in (0, 1):  # energy and time per step (a handful of windows: plain floats are faster)
+                values = [w[column] / w[2] for w in windows]
+                mean = sum(values) / len(values)
+                squares += sum((v / mean - 1.0) ** 2 for v in values)
                 dof += len(values) - 1
         return math.sqrt((squares + PRIOR_DOF * self.noise**2) / (dof + PRIOR_DOF))
 
@@ -350,8 +358,9 @@ class AdaptiveSearch:
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
         self._split_limits &= set(profiled)  # a fresh search on the same object starts again
-        self._repeats_left = (self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
-                              - len(self._split_limits))
+        spent = sum(p.window_count - 1 for p in profiled.values()) + len(self._split_limits)
+        self._repeats_left = self.repeat_budget - spent
+        self._settles_left = self.settle_budget - max(spent - self.repeat_budget, 0)
         top = self.grid[0]
         if top not in profiled:
             return top
@@ -363,8 +372,6 @@ class AdaptiveSearch:
         if self.fell_back(profiled):
             rest = next((limit for limit in self.grid if limit not in profiled), None)
             return rest if rest is not None else self._settle(profiled)
-        if sum(p.window_count for p in profiled.values()) >= len(self.grid) + 1:
-            return None  # as many windows as the sweep's and the calibration: more would cost more than the sweep
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
@@ -373,7 +380,9 @@ class AdaptiveSearch:
         return GAP_Z * sigma / math.sqrt(p.window_count)
 
     def _can_repeat(self, p: LimitProfile) -> bool:
-        return p.window_count < 1 + self.max_repeats and self._repeats_left > 0
+        """Whether ``p`` may get another window: under ``max_repeats``, from the exploration budget or, once
+        that is spent, the settle budget."""
+        return p.window_count < 1 + self.max_repeats and (self._repeats_left > 0 or self._settles_left > 0)
 
     def _cost_step(self, profiled: Mapping[int, LimitProfile], gaps: bool = True) -> int | None:
         """The most promising window: a gap's middle limit (``gaps``) or a repeat of a near-tie; None: done."""
@@ -519,11 +528,11 @@ class AdaptiveSearch:
 
 def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                 noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                repeat_budget: int = DEFAULT_REPEAT_BUDGET):
+                repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET):
     if name == "exhaustive":
         return ExhaustiveSweep(grid, objective)
     if name == "adaptive":
-        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget)
+        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget, settle_budget)
     raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
 
 
