@@ -6,8 +6,10 @@ interior energy optimum (the range reaches below the voltage floor), a voltage-f
 (flat) step, a step that never reaches the upper limits (flat top), a cliff (a clock floor below which the
 card throttles hard), discrete clock-bin plateaus, and a host-bound step (the card idles 40 % of a step).
 Selectors: energy, time, ZeusCost with eta 0.2/0.5/0.8, max slowdown 1.1. Noise: every window's energy and
-time are multiplied by independent Gaussian factors of 0, 1, 3 and 5 % (seeded, ``--reps`` repetitions;
-in a repetition the k-th window at a limit gets the same draw for both searches: a paired comparison).
+time are multiplied by independent Gaussian factors of 0, 1, 3 and 5 % (seeded per case, ``--reps``
+repetitions; in a repetition the k-th window at a limit gets the same draw for both searches: a paired
+comparison). Success is reported with its binomial standard error, and the paired difference (search -
+sweep, per repetition) with its standard error: a difference within two of them is not a finding.
 
 Steps are counted, not timed (Zeus's defaults): 1 wait step, then per window 10 warm-up steps (only after
 a limit change: a repeated window right after its own limit needs none) and 40 profile steps. A pick
@@ -16,13 +18,15 @@ for max slowdown, when it truly meets the constraint (2 % slack) with at most 2 
 true pick.
 
 Goal (issue 15), per family and selector: the adaptive search succeeds at least as often as the sweep with
-at most half its profiling steps; where that cannot hold it should spend more steps, never pick worse.
+at most half its profiling steps; where that cannot hold it should spend more steps, never pick worse
+(verdicts: "goal", "more steps", "lower, within noise", "LOWER (significant)").
 Both are reported per family x selector (all cards and noise levels pooled) and per card, for the families
 above (``--sets tuned``: the search was developed against them) and for held-out families, cards and noise
 seeds it was never run on while being developed (``--sets held-out``: ``HELD_OUT_FAMILIES``, seed + 1000).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 100]``; writes
-``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb it.
+Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
+``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
+results (only the run time), and they do not depend on ``--jobs``.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ limit then costs at least ``P(lo) * T(hi)`` J per step, ``T(hi)`` s, and so on f
 whose bound cannot beat the best profiled cost by more than ``tolerance`` is never profiled (branch and
 bound). Measurements carry run-to-run noise: bounds and comparisons use a noise margin (the relative
 spread of one window, from repeated windows pooled with the ``noise`` prior), and a pick within noise of
-another is settled by repeating windows (at most ``max_repeats`` more per limit). When profiles break
-either fact beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a
-worse guess.
+another is settled by repeating windows (at most ``max_repeats`` more per limit): from the exploration
+budget first, then from a separate settle budget, so that an unsettled choice gets more profiling rather
+than a coin toss (the search may then spend more windows than the sweep). When profiles break either fact
+beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a worse guess.
 
 DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
 limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
@@ -54,7 +55,7 @@ DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
 DEFAULT_REPEAT_BUDGET = 8  # most extra windows while exploring (the noise calibration and near-tie splits included)
 # Most further windows that settle the final choice (repeats of near-ties, or of limits near the max-slowdown
 # threshold) once the exploration budget is spent: the fallback to more profiling, never a worse pick.
-DEFAULT_SETTLE_BUDGET = 12
+DEFAULT_SETTLE_BUDGET = 8
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
@@ -274,18 +275,19 @@ class AdaptiveSearch:
     - a profiled limit whose cost is within noise of the best (:data:`CONFIDENCE_Z` standard deviations):
       a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
       its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
-      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``.
+      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``; once it is spent, repeats
+      (not new limits) go on from ``settle_budget``.
 
     Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
     only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
     against power on it is convex (time goes as 1/clock, power is convex increasing in the clock; the
     throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
     through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
-    stops once it has profiled as many windows as the sweep (every limit) plus the noise calibration:
-    beyond that it would cost more than the sweep.
+    stops when no gap and no near-tie is left, or when the budgets are spent: then it may have profiled
+    more windows than the sweep (every limit once), never more than the grid plus both budgets.
 
     For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
-    limit whose time is within noise of the threshold. Profiles that break monotonic time (or, for cost
+    limit whose time is within noise of the threshold (from either budget). Profiles that break monotonic time (or, for cost
     selectors, power) by more than :data:`FALLBACK_Z` standard deviations make it fall back to Zeus's
     exhaustive sweep. :meth:`choose` is always Zeus's selector over the profiled limits.
 
@@ -297,6 +299,10 @@ class AdaptiveSearch:
         noise: the assumed relative standard deviation of one window's energy and time (pooled with
             what repeated windows show).
         max_repeats: most extra windows per limit.
+        repeat_budget: most extra windows while exploring: the noise calibration, limits profiled to split
+            a near-tie, repeats.
+        settle_budget: most further repeats once ``repeat_budget`` is spent (near-ties of the choice, limits
+            near the max-slowdown threshold).
     """
 
     name = "adaptive"
@@ -497,12 +503,14 @@ class AdaptiveSearch:
         feasible = min(limit for limit, p in profiled.items() if p.time_per_step_s <= limit_time_s)
         below = max((limit for limit in profiled if limit < feasible), default=None)
         doubtful = []
+        reference_windows = profiled[self.grid[0]].window_count  # the threshold's own noise: T(top) averaged
         for limit in (feasible, below):
             if limit is None or limit == self.grid[0]:
                 continue
             p = profiled[limit]
             distance = abs(p.time_per_step_s / limit_time_s - 1.0)
-            if distance < CONFIDENCE_Z * sigma * math.sqrt(1.0 / p.window_count + 1.0) and self._can_repeat(p):
+            spread = sigma * math.sqrt(1.0 / p.window_count + 1.0 / reference_windows)
+            if distance < CONFIDENCE_Z * spread and self._can_repeat(p):
                 doubtful.append((p.window_count, -limit))
         return -min(doubtful)[1] if doubtful else None
 
