@@ -44,6 +44,24 @@ def model_profiles(gpu: SimulatedGPU, grid: list[int], steps: int = 40) -> dict[
     return {x: LimitProfile(x, gpu.step_energy_J(x) * steps, gpu.step_time_s(x) * steps, steps) for x in grid}
 
 
+def paired_successes(grid, truth, objective, good, noise: float, reps: int, rng, depth: int = 8) -> dict[str, int]:
+    """Good picks (``good(limit)``) of the sweep and the adaptive search over ``reps`` repetitions of Gaussian
+    ``noise`` on every window (``depth`` draws per limit from ``rng``), the k-th window at a limit the same
+    draw for both (paired); every pick measured."""
+    wins = {"sweep": 0, "adaptive": 0}
+    for _ in range(reps):
+        table = 1 + noise * rng.standard_normal((len(grid), depth, 2))
+
+        def factors(limit, k, table=table):
+            return tuple(table[grid.index(limit), k])
+
+        for name, search in (("sweep", ExhaustiveSweep(grid, objective)), ("adaptive", AdaptiveSearch(grid, objective))):
+            _, seen, chosen = drive(search, truth, factors)
+            assert chosen in seen
+            wins[name] += good(chosen)
+    return wins
+
+
 # ------------------------------------------------------------------------------------------ the simulator
 def test_energy_optimum_is_interior_where_the_range_reaches_below_the_voltage_floor():
     """An A100-like range (100-400 W, 80 W static): below the voltage floor the static draw over longer steps
@@ -158,17 +176,7 @@ def test_with_3_percent_noise_the_search_picks_well_at_least_as_often_as_the_swe
     for objective in (Objective("energy"), Objective("zeus_cost", eta_knob=0.5)):
         costs = objective.costs(list(truth.values()))
         optimum = min(costs.values())
-        good = {"sweep": 0, "adaptive": 0}
-        for _ in range(80):
-            table = 1 + 0.03 * rng.standard_normal((len(grid), 8, 2))
-
-            def factors(limit, k, table=table):
-                return tuple(table[grid.index(limit), k])
-
-            for name, search in (("sweep", ExhaustiveSweep(grid, objective)), ("adaptive", AdaptiveSearch(grid, objective))):
-                _, seen, chosen = drive(search, truth, factors)
-                assert chosen in seen
-                good[name] += costs[chosen] <= 1.02 * optimum
+        good = paired_successes(grid, truth, objective, lambda limit: costs[limit] <= 1.02 * optimum, 0.03, 80, rng)
         assert good["adaptive"] >= good["sweep"] - 4, (objective.selector, good)
 
 
@@ -327,6 +335,7 @@ def test_a_cliff_still_gets_its_gap_profiled_under_the_convex_bound():
         assert chosen == objective.select(list(truth.values())), objective.selector
 
 
+# ------------------------------------------------------------------------------------------ settling near-ties
 def test_windows_are_bounded_by_the_grid_and_both_repeat_budgets():
     """5 % noise, 60 seeded repetitions on a 7-limit range: every limit at most once plus its repeats, the
     exploration windows (calibration, near-tie splits) within ``repeat_budget`` and the rest within
@@ -398,16 +407,7 @@ def test_with_5_percent_noise_the_search_succeeds_at_least_as_often_as_the_sweep
             return truth[choice].time_per_step_s <= limit_s and truth[choice].energy_J <= 1.02 * truth[best].energy_J
         return costs[choice] <= 1.02 * costs[best]
 
-    rng = np.random.default_rng(5)
-    wins = {"sweep": 0, "adaptive": 0}
-    for _ in range(100):
-        table = 1 + 0.05 * rng.standard_normal((len(grid), 12, 2))
-
-        def factors(limit, k, table=table):
-            return tuple(table[grid.index(limit), k])
-
-        for name, search in (("sweep", ExhaustiveSweep(grid, objective)), ("adaptive", AdaptiveSearch(grid, objective))):
-            wins[name] += good(drive(search, truth, factors)[2])
+    wins = paired_successes(grid, truth, objective, good, 0.05, 100, np.random.default_rng(5), depth=12)
     assert wins["adaptive"] >= wins["sweep"], wins
 
 
