@@ -427,7 +427,10 @@ class AdaptiveSearch:
             if again is not None:
                 actions.append((gain, again.limit_W, False))
         if not actions:
-            return None
+            # the winner's curse: the lowest of many noisy single windows is biased low, so a pick resting on one
+            # window gets a second one (an unbiased look) before it is final
+            confirm = best.window_count < 2 and sigma > 0 and len(done) > 2 and self._can_repeat(best)
+            return best.limit_W if confirm else None
         _, limit, splits = max(actions)
         if splits:
             self._split_limits.add(limit)
