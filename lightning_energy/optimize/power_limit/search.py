@@ -276,7 +276,9 @@ class AdaptiveSearch:
       a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
       its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
       most ``1 + max_repeats`` windows). Both count against ``repeat_budget``; once it is spent, repeats
-      (not new limits) go on from ``settle_budget``.
+      (not new limits) go on from ``settle_budget``;
+    - when nothing else is left, the pick itself if it rests on one window: the lowest of several noisy
+      single windows is biased low (the winner's curse), a second window is not.
 
     Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
     only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
