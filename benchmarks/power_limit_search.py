@@ -6,8 +6,10 @@ interior energy optimum (the range reaches below the voltage floor), a voltage-f
 (flat) step, a step that never reaches the upper limits (flat top), a cliff (a clock floor below which the
 card throttles hard), discrete clock-bin plateaus, and a host-bound step (the card idles 40 % of a step).
 Selectors: energy, time, ZeusCost with eta 0.2/0.5/0.8, max slowdown 1.1. Noise: every window's energy and
-time are multiplied by independent Gaussian factors of 0, 1, 3 and 5 % (seeded, ``--reps`` repetitions;
-in a repetition the k-th window at a limit gets the same draw for both searches: a paired comparison).
+time are multiplied by independent Gaussian factors of 0, 1, 3 and 5 % (seeded per case, ``--reps``
+repetitions; in a repetition the k-th window at a limit gets the same draw for both searches: a paired
+comparison). Success is reported with its binomial standard error, and the paired difference (search -
+sweep, per repetition) with its standard error: a difference within two of them is not a finding.
 
 Steps are counted, not timed (Zeus's defaults): 1 wait step, then per window 10 warm-up steps (only after
 a limit change: a repeated window right after its own limit needs none) and 40 profile steps. A pick
@@ -16,13 +18,15 @@ for max slowdown, when it truly meets the constraint (2 % slack) with at most 2 
 true pick.
 
 Goal (issue 15), per family and selector: the adaptive search succeeds at least as often as the sweep with
-at most half its profiling steps; where that cannot hold it should spend more steps, never pick worse.
+at most half its profiling steps; where that cannot hold it should spend more steps, never pick worse
+(verdicts: "goal", "more steps", "lower, within noise", "LOWER (significant)").
 Both are reported per family x selector (all cards and noise levels pooled) and per card, for the families
 above (``--sets tuned``: the search was developed against them) and for held-out families, cards and noise
 seeds it was never run on while being developed (``--sets held-out``: ``HELD_OUT_FAMILIES``, seed + 1000).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 100]``; writes
-``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb it.
+Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
+``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
+results (only the run time), and they do not depend on ``--jobs``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -56,6 +61,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "power_limit_search.
 WAIT_STEPS, WARMUP_STEPS, PROFILE_STEPS, PL_STEP_W = 1, 10, 40, 25  # Zeus's GlobalPowerLimitOptimizer defaults
 WITHIN = 0.02  # a pick is good when its true cost is within 2 % of the optimum
 GOAL_STEP_RATIO = 0.5
+SIGNIFICANT_SE = 2.0  # a paired success difference below -2 standard errors is reported as significant
 NOISE_LEVELS = (0.0, 0.01, 0.03, 0.05)
 CARDS = {  # name: (min W, max W, static W, idle W)
     "V100 150-300 W": (150, 300, 60.0, 40.0),
@@ -132,6 +138,8 @@ CURVE_SETS = {  # name: (families, cards, card factory, seed offset)
     "tuned": (FAMILIES, CARDS, family_gpu, 0),
     "held-out": (tuple(HELD_OUT_FAMILIES), HELD_OUT_CARDS, held_out_gpu, HELD_OUT_SEED_OFFSET),
 }
+CURVE_SET_IDS = {name: i for i, name in enumerate(CURVE_SETS)}
+MAX_WINDOWS_PER_LIMIT = 12  # noise draws per limit and repetition (more than any search profiles one limit)
 
 
 def true_profiles(gpu: SimulatedGPU, grid: list[int]) -> dict[int, LimitProfile]:
@@ -139,15 +147,24 @@ def true_profiles(gpu: SimulatedGPU, grid: list[int]) -> dict[int, LimitProfile]
                             PROFILE_STEPS) for x in grid}
 
 
-def good_pick(choice: int, truth: dict[int, LimitProfile], objective: Objective) -> bool:
-    profiles = list(truth.values())
-    best = objective.select(sorted(profiles, key=lambda p: p.limit_W, reverse=True))
-    if objective.is_threshold:
-        top = truth[max(truth)]
-        feasible = truth[choice].time_per_step_s <= objective.max_slowdown_factor * top.time_per_step_s * (1 + WITHIN)
-        return feasible and truth[choice].energy_J <= truth[best].energy_J * (1 + WITHIN)
-    costs = objective.costs(profiles)
-    return costs[choice] <= costs[best] * (1 + WITHIN)
+class PickJudge:
+    """Whether a pick is good: its true cost within 2 % of the true optimum over the whole grid; for max
+    slowdown, truly within the constraint (2 % slack) with at most 2 % more energy than the true pick."""
+
+    def __init__(self, truth: dict[int, LimitProfile], objective: Objective) -> None:
+        profiles = sorted(truth.values(), key=lambda p: p.limit_W, reverse=True)
+        self.truth, self.objective = truth, objective
+        self.best = objective.select(profiles)
+        self.costs = objective.costs(profiles)
+
+    def good(self, choice: int) -> bool:
+        truth, objective = self.truth, self.objective
+        if objective.is_threshold:
+            top = truth[max(truth)]
+            limit_s = objective.max_slowdown_factor * top.time_per_step_s * (1 + WITHIN)
+            feasible = truth[choice].time_per_step_s <= limit_s
+            return feasible and truth[choice].energy_J <= truth[self.best].energy_J * (1 + WITHIN)
+        return self.costs[choice] <= self.costs[self.best] * (1 + WITHIN)
 
 
 def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int, int]:
@@ -168,50 +185,79 @@ def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int,
     return steps, windows, search.choose(seen)
 
 
-def benchmark(reps: int, seed: int, curve_set: str = "tuned") -> list[dict]:
+def _case_seed(seed: int, curve_set: str, *indices: int) -> np.random.Generator:
+    """An independent, reproducible noise stream per case (the same whatever the number of worker processes)."""
+    return np.random.default_rng([seed, CURVE_SET_IDS[curve_set], *indices])
+
+
+def _family_card_cases(args: tuple) -> list[dict]:
+    """Every selector and noise level of one family on one card (one worker's share)."""
+    reps, seed, curve_set, fi, ci = args
     families, cards, make_gpu, seed_offset = CURVE_SETS[curve_set]
-    rng = np.random.default_rng(seed + seed_offset)
+    family, card = families[fi], list(cards)[ci]
+    gpu = make_gpu(family, card)
+    grid = limit_grid(gpu.min_limit_W, gpu.max_limit_W, PL_STEP_W)
+    index = {limit: i for i, limit in enumerate(grid)}
+    truth = true_profiles(gpu, grid)
     cases = []
-    for family in families:
-        for card in cards:
-            gpu = make_gpu(family, card)
-            grid = limit_grid(gpu.min_limit_W, gpu.max_limit_W, PL_STEP_W)
-            truth = true_profiles(gpu, grid)
-            for selector, knobs in SELECTORS:
-                objective = Objective(selector, **knobs)
-                label = selector + "".join(f" {v:g}" for v in knobs.values())
-                for noise in NOISE_LEVELS:
-                    n = 1 if noise == 0 else reps
-                    case = {"family": family, "card": card, "selector": label, "noise": noise, "reps": n,
-                            "grid_limits": len(grid), "sweep": {"steps": [], "good": []},
-                            "adaptive": {"steps": [], "good": [], "windows": []}}
-                    for _ in range(n):
-                        table = 1 + noise * rng.standard_normal((len(grid), 8, 2))
-                        index = {limit: i for i, limit in enumerate(grid)}
+    for si, (selector, knobs) in enumerate(SELECTORS):
+        objective = Objective(selector, **knobs)
+        label = selector + "".join(f" {v:g}" for v in knobs.values())
+        judge = PickJudge(truth, objective)
+        for ni, noise in enumerate(NOISE_LEVELS):
+            rng = _case_seed(seed + seed_offset, curve_set, fi, ci, si, ni)
+            n = 1 if noise == 0 else reps
+            case = {"family": family, "card": card, "selector": label, "noise": noise, "reps": n,
+                    "grid_limits": len(grid), "sweep": {"steps": [], "good": []},
+                    "adaptive": {"steps": [], "good": [], "windows": []}}
+            for _ in range(n):
+                table = 1 + noise * rng.standard_normal((len(grid), MAX_WINDOWS_PER_LIMIT, 2))
 
-                        def draws(limit, k, table=table, index=index):
-                            return float(table[index[limit], k, 0]), float(table[index[limit], k, 1])
+                def draws(limit, k, table=table):
+                    return float(table[index[limit], k, 0]), float(table[index[limit], k, 1])
 
-                        for name, search in (("sweep", ExhaustiveSweep(grid, objective)),
-                                             ("adaptive", AdaptiveSearch(grid, objective))):
-                            steps, windows, choice = run_search(search, truth, draws)
-                            case[name]["steps"].append(steps)
-                            case[name]["good"].append(good_pick(choice, truth, objective))
-                            if name == "adaptive":
-                                case[name]["windows"].append(windows)
-                    cases.append(case)
+                for name, search in (("sweep", ExhaustiveSweep(grid, objective)),
+                                     ("adaptive", AdaptiveSearch(grid, objective))):
+                    steps, windows, choice = run_search(search, truth, draws)
+                    case[name]["steps"].append(steps)
+                    case[name]["good"].append(judge.good(choice))
+                    if name == "adaptive":
+                        case[name]["windows"].append(windows)
+            cases.append(case)
     return cases
 
 
+def benchmark(reps: int, seed: int, curve_set: str = "tuned", jobs: int = 1) -> list[dict]:
+    """Every case of a curve set; ``jobs`` worker processes (the results do not depend on it)."""
+    families, cards, _, _ = CURVE_SETS[curve_set]
+    work = [(reps, seed, curve_set, fi, ci) for fi in range(len(families)) for ci in range(len(cards))]
+    if jobs > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            parts = pool.map(_family_card_cases, work, chunksize=1)
+    else:
+        parts = [_family_card_cases(w) for w in work]
+    return [case for part in parts for case in part]
+
+
 def block(selected: list[dict]) -> dict:
-    """Success and mean profiling steps of both searches over the cases (every repetition weighs the same)."""
-    out = {"cases": len(selected)}
+    """Success (with its binomial standard error) and mean profiling steps of both searches over the cases,
+    every repetition weighing the same; ``success_diff``: the paired difference adaptive - sweep (same noise
+    draws) and its standard error."""
+    out = {"cases": len(selected), "runs": sum(c["reps"] for c in selected)}
     for name in ("sweep", "adaptive"):
         steps = [s for c in selected for s in c[name]["steps"]]
-        good = [g for c in selected for g in c[name]["good"]]
-        out[name] = {"success": float(np.mean(good)), "steps_mean": float(np.mean(steps))}
+        good = np.array([g for c in selected for g in c[name]["good"]], dtype=float)
+        out[name] = {"success": float(good.mean()), "success_se": float(math.sqrt(good.mean() * (1 - good.mean())
+                                                                                  / len(good))),
+                     "steps_mean": float(np.mean(steps))}
+    diff = np.array([a - s for c in selected for a, s in zip(c["adaptive"]["good"], c["sweep"]["good"])], dtype=float)
+    out["success_diff"] = float(diff.mean())
+    out["success_diff_se"] = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else 0.0
     out["step_ratio"] = out["adaptive"]["steps_mean"] / out["sweep"]["steps_mean"]
-    out["success_not_lower"] = out["adaptive"]["success"] >= out["sweep"]["success"] - 1e-12
+    out["success_not_lower"] = out["success_diff"] >= -1e-12
+    out["significantly_lower"] = out["success_diff"] + SIGNIFICANT_SE * out["success_diff_se"] < 0
     out["goal_met"] = out["success_not_lower"] and out["step_ratio"] <= GOAL_STEP_RATIO
     return out
 
@@ -225,6 +271,7 @@ def summarise(cases: list[dict]) -> dict:
                                        for s in selectors} for f in families},
         "by_family_and_card": {f: {card: block([c for c in cases if c["family"] == f and c["card"] == card])
                                    for card in cards} for f in families},
+        "by_selector": {s: block([c for c in cases if c["selector"] == s]) for s in selectors},
         "by_noise": {f"{noise:.0%}": block([c for c in cases if c["noise"] == noise]) for noise in NOISE_LEVELS},
         "all": block(cases),
     }
@@ -232,18 +279,28 @@ def summarise(cases: list[dict]) -> dict:
 
 def format_row(label: str, b: dict) -> str:
     s, a = b["sweep"], b["adaptive"]
-    verdict = "goal" if b["goal_met"] else ("more steps" if b["success_not_lower"] else "LOWER SUCCESS")
-    return (f"{label:<40} {s['success']:>7.1%} {s['steps_mean']:>7.0f}   {a['success']:>7.1%} {a['steps_mean']:>7.0f}"
-            f" {b['step_ratio']:>6.2f}  {verdict}")
+    if b["goal_met"]:
+        verdict = "goal"
+    elif b["success_not_lower"]:
+        verdict = "more steps"
+    else:
+        verdict = "LOWER (significant)" if b["significantly_lower"] else "lower, within noise"
+    return (f"{label:<36} {s['success']:>6.1%} {s['success_se']:>5.1%} {s['steps_mean']:>5.0f}   {a['success']:>6.1%}"
+            f" {a['success_se']:>5.1%} {a['steps_mean']:>5.0f}  {b['success_diff']:>+6.1%} {b['success_diff_se']:>5.1%}"
+            f" {b['step_ratio']:>5.2f}  {verdict}")
 
 
 def format_tables(summary: dict) -> str:
-    header = f"{'':<40} {'sweep ok':>7} {'steps':>7}   {'adapt ok':>7} {'steps':>7} {'ratio':>6}  verdict"
+    header = (f"{'':<36} {'sweep':>6} {'±se':>5} {'steps':>5}   {'search':>6} {'±se':>5} {'steps':>5}  {'diff':>6}"
+              f" {'±se':>5} {'ratio':>5}  verdict")
     lines = []
     for family, by_selector in summary["by_family_and_selector"].items():
-        lines += ["", f"== {family} (per selector; cards and noise 0-5 % pooled)", header, "-" * len(header)]
+        lines += ["", f"== {family} (per selector; cards and noise 0-5 % pooled; diff: paired search - sweep)",
+                  header, "-" * len(header)]
         lines += [format_row(selector, b) for selector, b in by_selector.items()]
         lines += [format_row(f"  on {card}", b) for card, b in summary["by_family_and_card"][family].items()]
+    lines += ["", "== all families, per selector", header, "-" * len(header)]
+    lines += [format_row(selector, b) for selector, b in summary["by_selector"].items()]
     lines += ["", "== all families, per noise level", header, "-" * len(header)]
     lines += [format_row(f"noise {noise}", b) for noise, b in summary["by_noise"].items()]
     lines.append(format_row("all", summary["all"]))
@@ -253,10 +310,12 @@ def format_tables(summary: dict) -> str:
 def goal_line(summary: dict) -> str:
     pairs = summary["by_family_and_selector"]
     met = sum(b["goal_met"] for f in pairs.values() for b in f.values())
-    lower = [(f, s) for f, by in pairs.items() for s, b in by.items() if not b["success_not_lower"]]
-    return (f"goal (success >= sweep at <= {GOAL_STEP_RATIO} of its steps) met for {met} of "
-            f"{sum(len(f) for f in pairs.values())} family x selector pairs; lower success than the sweep: "
-            f"{', '.join(f'{f} / {s}' for f, s in lower) or 'none'}")
+    not_lower = sum(b["success_not_lower"] for f in pairs.values() for b in f.values())
+    lower = [f"{f} / {s} ({b['success_diff']:+.1%} ± {b['success_diff_se']:.1%})"
+             for f, by in pairs.items() for s, b in by.items() if not b["success_not_lower"]]
+    total = sum(len(f) for f in pairs.values())
+    return (f"success >= sweep in {not_lower} of {total} family x selector pairs, and at <= {GOAL_STEP_RATIO} of its "
+            f"steps in {met}; lower success than the sweep: {', '.join(lower) or 'none'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="curve sets: the families the search was tuned on, and held-out families, cards and "
                              f"seeds (seed + {HELD_OUT_SEED_OFFSET})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (the results do not depend on it)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
@@ -277,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for curve_set in args.sets:
         families, cards, _, seed_offset = CURVE_SETS[curve_set]
-        cases = benchmark(args.reps, args.seed, curve_set)
+        cases = benchmark(args.reps, args.seed, curve_set, args.jobs)
         summary = summarise(cases)
         print(f"\n######## curve set: {curve_set} (noise seed {args.seed + seed_offset})")
         print(format_tables(summary))
@@ -285,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         results[curve_set] = {
             "summary": summary,
             "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive")}
-                      | {name: {"success": float(np.mean(c[name]["good"])),
+                      | {name: {"success": float(np.mean(c[name]["good"])), "good": int(np.sum(c[name]["good"])),
                                 "steps_mean": float(np.mean(c[name]["steps"]))} for name in ("sweep", "adaptive")}
                       for c in cases],
             "families": list(families), "cards": {k: list(v) for k, v in cards.items()},

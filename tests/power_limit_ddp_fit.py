@@ -60,7 +60,7 @@ if __name__ == "__main__":
         callbacks=[callback, SimulatedWorkload(gpu=gpu)], enable_progress_bar=False, enable_model_summary=False,
         enable_checkpointing=False, logger=False,
     )
-    trainer.fit(SimModule(), loader(80))
+    trainer.fit(SimModule(), loader(120))  # 60 steps per rank: room for settling repeats
     close_process_group()
     result = {
         "rank": trainer.global_rank,

@@ -37,6 +37,7 @@ from lightning_energy.optimize.power_limit.search import (
     DEFAULT_MAX_REPEATS,
     DEFAULT_NOISE,
     DEFAULT_REPEAT_BUDGET,
+    DEFAULT_SETTLE_BUDGET,
     DEFAULT_TOLERANCE,
     MAX_POWER_SCOPES,
     SEARCHES,
@@ -160,7 +161,10 @@ class PowerLimitOptimizer(MeteredCallback):
         tolerance: for ``search="adaptive"``: a pick within this fraction of the optimum is good enough.
         noise: for ``search="adaptive"``: the assumed run-to-run spread of one window (relative standard
             deviation), pooled with what repeated windows show.
-        max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit and per search.
+        max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit, and per search
+            while exploring (the noise calibration and limits that split a near-tie included).
+        settle_budget: for ``search="adaptive"``: most further repeated windows that settle the final choice
+            (near-ties, limits near the max-slowdown threshold) once ``repeat_budget`` is spent.
         max_power_scope: ZeusCost's MaxPower in DDP: ``"job"`` (the highest limit times the world size,
             beside energy summed over every rank: the same pick as one rank alone) or ``"process"`` (Zeus's
             DDP recipe, one GPU per process: times 1; see ``lightning_energy.optimize.power_limit.search``).
@@ -186,6 +190,7 @@ class PowerLimitOptimizer(MeteredCallback):
         noise: float = DEFAULT_NOISE,
         max_repeats: int = DEFAULT_MAX_REPEATS,
         repeat_budget: int = DEFAULT_REPEAT_BUDGET,
+        settle_budget: int = DEFAULT_SETTLE_BUDGET,
         max_power_scope: str = "job",
     ) -> None:
         super().__init__()
@@ -198,7 +203,8 @@ class PowerLimitOptimizer(MeteredCallback):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}")
         Objective(selector, eta_knob, max_slowdown_factor, max_power_scope=max_power_scope)  # validates them
-        make_search("adaptive", [1], Objective(), tolerance, noise, max_repeats, repeat_budget)  # validates them
+        make_search("adaptive", [1], Objective(), tolerance, noise, max_repeats, repeat_budget,
+                    settle_budget)  # validates them
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
             raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
         interval_s = self.check_interval(interval_s)
@@ -221,6 +227,7 @@ class PowerLimitOptimizer(MeteredCallback):
         self._user_sensors = self.check_sensors(sensors)
         self.tolerance = float(tolerance)
         self.noise, self.max_repeats, self.repeat_budget = float(noise), max_repeats, repeat_budget
+        self.settle_budget = settle_budget
         self.max_power_scope = max_power_scope
         self.interval_s = interval_s
         self.log_figure = log_figure
@@ -268,7 +275,7 @@ class PowerLimitOptimizer(MeteredCallback):
         self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size,
                                     self.max_power_scope)
         self._strategy = make_search(self.search, self._grid, self._objective, self.tolerance, self.noise,
-                                     self.max_repeats, self.repeat_budget)
+                                     self.max_repeats, self.repeat_budget, self.settle_budget)
         self._simulated = gpu_control.is_simulated(gpu)
         self._own_clock = getattr(gpu, "simulated_reading", lambda: None)() is not None
         self._readings: dict[int, tuple[float, float]] = {}  # simulated card's own (J, s) at bounding steps

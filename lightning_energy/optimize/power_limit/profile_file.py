@@ -136,15 +136,15 @@ def fit_summary(fit, low_W: float, high_W: float) -> dict:
 def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W: int | None,
                    gpu_name: str | None = None, simulated: bool = False):
     """A matplotlib Figure: energy, time and cost per step vs power limit (profiled points; repeated windows
-    as small marks), and a quadratic fit with its R² only where spare points test it (no vertex drawn).
-    ``simulated``: every panel says "simulated GPU"."""
+    as small marks), and a quadratic fit with its R² only where spare points test it (no vertex drawn); each
+    panel's legend sits below it, covering no data. ``simulated``: every panel says "simulated GPU"."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     ordered = sorted(profiles, key=lambda p: p.limit_W)
     fits = profile_fits(ordered, objective)
     x = np.array([p.limit_W for p in ordered], dtype=float)
-    fig = Figure(figsize=(12.0, 4.0), dpi=100)
+    fig = Figure(figsize=(12.0, 5.2), dpi=100)
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 3)
     source = "simulated GPU" if simulated else "measured"
@@ -165,7 +165,8 @@ def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W:
         if chosen_W is not None:
             ax.axvline(chosen_W, color="grey", ls="--", lw=1.0, label=f"chosen {chosen_W} W")
         ax.set(xlabel="power limit (W)", ylabel=labels[name])
-        ax.legend(loc="best", fontsize="small")
+        # below the panel, outside its axes: a legend inside covered profiled points and the fit
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), fontsize="small", frameon=False)
     title = f"power-limit profile: {gpu_name or 'GPU'}"
     fig.suptitle(f"{title} (simulated GPU)" if simulated else title)
     fig.tight_layout()

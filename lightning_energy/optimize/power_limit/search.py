@@ -17,9 +17,10 @@ limit then costs at least ``P(lo) * T(hi)`` J per step, ``T(hi)`` s, and so on f
 whose bound cannot beat the best profiled cost by more than ``tolerance`` is never profiled (branch and
 bound). Measurements carry run-to-run noise: bounds and comparisons use a noise margin (the relative
 spread of one window, from repeated windows pooled with the ``noise`` prior), and a pick within noise of
-another is settled by repeating windows (at most ``max_repeats`` more per limit). When profiles break
-either fact beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a
-worse guess.
+another is settled by repeating windows (at most ``max_repeats`` more per limit): from the exploration
+budget first, then from a separate settle budget, so that an unsettled choice gets more profiling rather
+than a coin toss (the search may then spend more windows than the sweep). When profiles break either fact
+beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a worse guess.
 
 DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
 limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
@@ -51,7 +52,10 @@ CONFIDENCE_Z = 1.5  # near-ties: a rival within this many standard deviations of
 GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
 DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
-DEFAULT_REPEAT_BUDGET = 8  # most extra windows of a search (the noise calibration included): success before steps
+DEFAULT_REPEAT_BUDGET = 8  # most extra windows while exploring (the noise calibration and near-tie splits included)
+# Most further windows that settle the final choice (repeats of near-ties, or of limits near the max-slowdown
+# threshold) once the exploration budget is spent: the fallback to more profiling, never a worse pick.
+DEFAULT_SETTLE_BUDGET = 8
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
@@ -271,18 +275,21 @@ class AdaptiveSearch:
     - a profiled limit whose cost is within noise of the best (:data:`CONFIDENCE_Z` standard deviations):
       a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
       its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
-      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``.
+      most ``1 + max_repeats`` windows). Both count against ``repeat_budget``; once it is spent, repeats
+      (not new limits) go on from ``settle_budget``;
+    - when nothing else is left, the pick itself if it rests on one window: the lowest of several noisy
+      single windows is biased low (the winner's curse), a second window is not.
 
     Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
     only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
     against power on it is convex (time goes as 1/clock, power is convex increasing in the clock; the
     throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
     through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
-    stops once it has profiled as many windows as the sweep (every limit) plus the noise calibration:
-    beyond that it would cost more than the sweep.
+    stops when no gap and no near-tie is left, or when the budgets are spent: then it may have profiled
+    more windows than the sweep (every limit once), never more than the grid plus both budgets.
 
     For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
-    limit whose time is within noise of the threshold. Profiles that break monotonic time (or, for cost
+    limit whose time is within noise of the threshold (from either budget). Profiles that break monotonic time (or, for cost
     selectors, power) by more than :data:`FALLBACK_Z` standard deviations make it fall back to Zeus's
     exhaustive sweep. :meth:`choose` is always Zeus's selector over the profiled limits.
 
@@ -294,6 +301,10 @@ class AdaptiveSearch:
         noise: the assumed relative standard deviation of one window's energy and time (pooled with
             what repeated windows show).
         max_repeats: most extra windows per limit.
+        repeat_budget: most extra windows while exploring: the noise calibration, limits profiled to split
+            a near-tie, repeats.
+        settle_budget: most further repeats once ``repeat_budget`` is spent (near-ties of the choice, limits
+            near the max-slowdown threshold).
     """
 
     name = "adaptive"
@@ -301,7 +312,7 @@ class AdaptiveSearch:
 
     def __init__(self, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                  noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                 repeat_budget: int = DEFAULT_REPEAT_BUDGET) -> None:
+                 repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET) -> None:
         if not grid:
             raise ValueError("the limit grid is empty")
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
@@ -317,8 +328,12 @@ class AdaptiveSearch:
         self.max_repeats = max_repeats
         if isinstance(repeat_budget, bool) or not isinstance(repeat_budget, int) or repeat_budget < 0:
             raise ValueError(f"`repeat_budget` must be an integer >= 0, got {repeat_budget!r}")
+        if isinstance(settle_budget, bool) or not isinstance(settle_budget, int) or settle_budget < 0:
+            raise ValueError(f"`settle_budget` must be an integer >= 0, got {settle_budget!r}")
         self.repeat_budget = repeat_budget
+        self.settle_budget = settle_budget
         self._repeats_left = repeat_budget
+        self._settles_left = settle_budget
         self._split_limits: set[int] = set()  # limits profiled to split a near-tie (they count as repeats)
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
@@ -326,19 +341,20 @@ class AdaptiveSearch:
         calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
         return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
                 "max_limits": len(self.grid), "calibration_windows": calibration,
-                "repeat_budget": self.repeat_budget if self.max_repeats > 0 else 0}
+                "repeat_budget": self.repeat_budget + self.settle_budget if self.max_repeats > 0 else 0}
 
     # ---------------------------------------------------------------- noise
     def noise_level(self, profiled: Mapping[int, LimitProfile]) -> float:
         """Relative standard deviation of one window: repeated windows' spread pooled with the prior."""
         squares, dof = 0.0, 0.0
         for p in profiled.values():
-            windows = p.window_figures()
+            windows = p.windows
             if len(windows) < 2:
                 continue
-            for column in (0, 1):  # energy and time per step
-                values = np.array([w[column] / w[2] for w in windows], dtype=float)
-                squares += float(np.sum((values / values.mean() - 1.0) ** 2))
+            for column in (0, 1):  # energy and time per step (a handful of windows: plain floats are faster)
+                values = [w[column] / w[2] for w in windows]
+                mean = sum(values) / len(values)
+                squares += sum((v / mean - 1.0) ** 2 for v in values)
                 dof += len(values) - 1
         return math.sqrt((squares + PRIOR_DOF * self.noise**2) / (dof + PRIOR_DOF))
 
@@ -350,8 +366,9 @@ class AdaptiveSearch:
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
         self._split_limits &= set(profiled)  # a fresh search on the same object starts again
-        self._repeats_left = (self.repeat_budget - sum(p.window_count - 1 for p in profiled.values())
-                              - len(self._split_limits))
+        spent = sum(p.window_count - 1 for p in profiled.values()) + len(self._split_limits)
+        self._repeats_left = self.repeat_budget - spent
+        self._settles_left = self.settle_budget - max(spent - self.repeat_budget, 0)
         top = self.grid[0]
         if top not in profiled:
             return top
@@ -363,8 +380,6 @@ class AdaptiveSearch:
         if self.fell_back(profiled):
             rest = next((limit for limit in self.grid if limit not in profiled), None)
             return rest if rest is not None else self._settle(profiled)
-        if sum(p.window_count for p in profiled.values()) >= len(self.grid) + 1:
-            return None  # as many windows as the sweep's and the calibration: more would cost more than the sweep
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
@@ -373,7 +388,9 @@ class AdaptiveSearch:
         return GAP_Z * sigma / math.sqrt(p.window_count)
 
     def _can_repeat(self, p: LimitProfile) -> bool:
-        return p.window_count < 1 + self.max_repeats and self._repeats_left > 0
+        """Whether ``p`` may get another window: under ``max_repeats``, from the exploration budget or, once
+        that is spent, the settle budget."""
+        return p.window_count < 1 + self.max_repeats and (self._repeats_left > 0 or self._settles_left > 0)
 
     def _cost_step(self, profiled: Mapping[int, LimitProfile], gaps: bool = True) -> int | None:
         """The most promising window: a gap's middle limit (``gaps``) or a repeat of a near-tie; None: done."""
@@ -412,7 +429,10 @@ class AdaptiveSearch:
             if again is not None:
                 actions.append((gain, again.limit_W, False))
         if not actions:
-            return None
+            # the winner's curse: the lowest of many noisy single windows is biased low, so a pick resting on one
+            # window gets a second one (an unbiased look) before it is final
+            confirm = best.window_count < 2 and sigma > 0 and len(done) > 2 and self._can_repeat(best)
+            return best.limit_W if confirm else None
         _, limit, splits = max(actions)
         if splits:
             self._split_limits.add(limit)
@@ -488,12 +508,14 @@ class AdaptiveSearch:
         feasible = min(limit for limit, p in profiled.items() if p.time_per_step_s <= limit_time_s)
         below = max((limit for limit in profiled if limit < feasible), default=None)
         doubtful = []
+        reference_windows = profiled[self.grid[0]].window_count  # the threshold's own noise: T(top) averaged
         for limit in (feasible, below):
             if limit is None or limit == self.grid[0]:
                 continue
             p = profiled[limit]
             distance = abs(p.time_per_step_s / limit_time_s - 1.0)
-            if distance < CONFIDENCE_Z * sigma * math.sqrt(1.0 / p.window_count + 1.0) and self._can_repeat(p):
+            spread = sigma * math.sqrt(1.0 / p.window_count + 1.0 / reference_windows)
+            if distance < CONFIDENCE_Z * spread and self._can_repeat(p):
                 doubtful.append((p.window_count, -limit))
         return -min(doubtful)[1] if doubtful else None
 
@@ -519,11 +541,11 @@ class AdaptiveSearch:
 
 def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                 noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                repeat_budget: int = DEFAULT_REPEAT_BUDGET):
+                repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET):
     if name == "exhaustive":
         return ExhaustiveSweep(grid, objective)
     if name == "adaptive":
-        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget)
+        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget, settle_budget)
     raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
 
 
