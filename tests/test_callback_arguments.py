@@ -1,8 +1,7 @@
 """Every suite callback refuses a bad argument at construction, before any Trainer exists: one table per
 callback of (arguments, the error raised, a fragment of its message, which names the argument).
 
-Refusals that need a Trainer (checked in ``setup``) stay with their callback's tests. PrecisionSwitch's and
-PowerLimitOptimizer's are in test_precision.py and test_power_limit.py.
+Refusals that need a Trainer (checked in ``setup``) stay with their callback's tests.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from lightning_energy.callbacks.energy import EnergyCallback
 from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
 from lightning_energy.callbacks.flops import FlopsCallback
 from lightning_energy.callbacks.forecast import ForecastCallback
+from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
+from lightning_energy.callbacks.precision import PrecisionSwitch
 from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck
 from lightning_energy.callbacks.profiler import EnergyProfiler
 from lightning_energy.callbacks.zeus_batch_size import ZeusBatchSizeOptimizer
@@ -140,3 +141,34 @@ def test_energy_profiler(kwargs, error, match):
 ])
 def test_flops_callback(kwargs, error, match):
     refused(FlopsCallback, kwargs, error, match)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"candidates": ["32-true", "fp8"]}, ValueError, "`candidates` must be one of"),
+    ({"candidates": "bf16-mixed"}, ValueError, "`candidates` must be a non-empty list"),
+    ({"candidates": ["bf16-mixed", "bf16-mixed"]}, ValueError, "duplicates"),
+    ({"mode": "bf16-mixed", "candidates": ["32-true"]}, ValueError, "either `mode`"),
+    ({"mode": "half"}, ValueError, "`mode` must be one of"),
+    ({"tolerance": 0}, ValueError, "`tolerance` must be a finite number > 0"),
+    ({"tolerance": float("nan")}, ValueError, "`tolerance`"),
+    ({"profile_steps": 0}, ValueError, "`profile_steps` must be an integer >= 1"),
+    ({"warmup_steps": -1}, ValueError, "`warmup_steps`"),
+    ({"explode_factor": 1.0}, ValueError, "`explode_factor` must be > 1"),
+    ({"objective": "carbon"}, ValueError, "`objective` must be one of"),
+    ({"drift_patience": 0}, ValueError, "`drift_patience`"),
+    ({"interval_s": 0}, ValueError, "`interval_s`"),
+    ({"sensors": [SimulatedSensor("x", 1.0)], "backend": "zeus"}, ValueError, "give either `sensors` or `backend`"),
+])
+def test_precision_switch(kwargs, error, match):
+    refused(PrecisionSwitch, kwargs, error, match)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(selector="fastest"), ValueError, "selector"),
+    (dict(eta_knob=1.5), ValueError, "eta_knob"),
+    (dict(profile_steps=0), ValueError, "profile_steps"),
+    (dict(search="random"), ValueError, "search"),
+    (dict(gpu="cuda:0"), TypeError, "gpu"),
+])
+def test_power_limit_optimizer(kwargs, error, match):
+    refused(PowerLimitOptimizer, kwargs, error, match)

@@ -379,7 +379,10 @@ def test_resume_keeps_the_profiles_and_state(tmp_path, clock):
     assert gpu3.limit_log == [OPTIMUM["zeus_cost"], 300]
 
 
-def test_profile_file_is_reused_on_the_next_run(tmp_path, clock):
+def test_profile_file_is_reused_on_the_next_run(tmp_path, clock, caplog, capsys):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="lightning_energy")
     path = tmp_path / "profile.json"
     gpu = SimulatedGPU(clock=clock)
     first = optimizer(selector="max_slowdown", profile_path=str(path))
@@ -392,6 +395,11 @@ def test_profile_file_is_reused_on_the_next_run(tmp_path, clock):
     fit(tmp_path / "b", gpu2, second)
     assert second.limits_profiled == [] and second.chosen_limit_W == OPTIMUM["energy"]
     assert gpu2.limit_log == [OPTIMUM["energy"], 300]
+    # the picks are library messages: INFO records of the callback's module logger, not printed
+    ours = [r.getMessage() for r in caplog.records if r.name == "lightning_energy.callbacks.power_limit"]
+    assert any(f"picks {OPTIMUM['max_slowdown']} W after profiling" in m for m in ours)
+    assert any(f"profile loaded from {path}" in m for m in ours)
+    assert "PowerLimitOptimizer" not in capsys.readouterr().out
 
 
 def test_a_zeus_profile_file_is_read_and_a_foreign_range_refused(tmp_path, clock):
@@ -452,19 +460,6 @@ def test_limit_restored_on_exception_and_ctrl_c(tmp_path, clock, exception):
         signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning ignores SIGINT after a Ctrl-C
     assert any(limit < 300 for limit in gpu.limit_log[:-1])  # it was profiling a lower limit ...
     assert gpu.limit_log[-1] == 300 and gpu.power_limit_W == 300  # ... and the default came back
-
-
-def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="selector"):
-        PowerLimitOptimizer(selector="fastest")
-    with pytest.raises(ValueError, match="eta_knob"):
-        PowerLimitOptimizer(eta_knob=1.5)
-    with pytest.raises(ValueError, match="profile_steps"):
-        PowerLimitOptimizer(profile_steps=0)
-    with pytest.raises(ValueError, match="search"):
-        PowerLimitOptimizer(search="random")
-    with pytest.raises(TypeError, match="gpu"):
-        PowerLimitOptimizer(gpu="cuda:0")
 
 
 def test_cpu_training_without_a_gpu_is_refused_in_setup(tmp_path):

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.optimize.power_limit import gpu_control
-from lightning_energy.integration.base import MeteredCallback
+from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
 from lightning_energy.integration.timeline import StepFigures, should_log_step
 from lightning_energy.io import atomic_write_json
@@ -64,6 +64,8 @@ from lightning_energy.units import MW_PER_W
 class PowerLimitConfigError(MisconfigurationException, ValueError):
     """Settings that cannot work on this run (Lightning's configuration error, and a ValueError)."""
 
+
+log_info = rank_zero_info_for(__name__)
 
 DRY_RUN_FILE = "power_limit_dry_run.json"
 PERMISSION_FIXES = (gpu_control.PERMISSION_FIXES[:-1] + "; (3) pass PowerLimitOptimizer(dry_run=True) to see what "
@@ -337,7 +339,7 @@ class PowerLimitOptimizer(MeteredCallback):
         self.profiles = {p.limit_W: p for p in profiles}
         self.chosen_limit_W = self._strategy.choose(self.profiles)
         self._loaded_profile = True
-        rank_zero_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
+        log_info(f"PowerLimitOptimizer: profile loaded from {path}; {self.selector} picks {self.chosen_limit_W} W")
 
     @override
     def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
@@ -527,7 +529,7 @@ class PowerLimitOptimizer(MeteredCallback):
         self.chosen_limit_W = int(trainer.strategy.broadcast(choice, src=0))
         self._state = Done(optimal_power_limit=self.chosen_limit_W * MW_PER_W)
         self._set_limit(trainer, self.chosen_limit_W)
-        rank_zero_info(f"PowerLimitOptimizer: {self.selector} picks {self.chosen_limit_W} W after profiling "
+        log_info(f"PowerLimitOptimizer: {self.selector} picks {self.chosen_limit_W} W after profiling "
                        f"{len(self.profiles)} of {len(self._grid)} limits ({self.search} search)")
         if trainer.is_global_zero:
             self._write_results(trainer)
@@ -554,7 +556,7 @@ class PowerLimitOptimizer(MeteredCallback):
         if not isinstance(state, (Warmup, Profiling)):
             return
         limit_W = state.current_power_limit // MW_PER_W
-        rank_zero_info(f"PowerLimitOptimizer: {type(state).__name__.lower()} of {limit_W} W interrupted by {reason}; "
+        log_info(f"PowerLimitOptimizer: {type(state).__name__.lower()} of {limit_W} W interrupted by {reason}; "
                        "it is profiled again")
         self._window_first = None
         keep = self._bounding_steps()
@@ -648,7 +650,7 @@ class PowerLimitOptimizer(MeteredCallback):
         }
         if trainer.is_global_zero:
             self.profile_file = atomic_write_json(self._log_dir / DRY_RUN_FILE, self.dry_run_report)
-            rank_zero_info(
+            log_info(
                 f"PowerLimitOptimizer dry run: would profile {plan['min_limits']}-{plan['max_limits']} of "
                 f"{len(self._grid)} limits {self._grid} W ({self.search} search), {steps['min']}-{steps['max']} steps, "
                 f"about {self.dry_run_report['expected_profiling_time_s']['max']:.1f} s and "
