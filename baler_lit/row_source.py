@@ -11,8 +11,9 @@ yields its rows as float64 blocks, each checked for NaN/inf. Three kinds:
 - :class:`RootRows`: numeric branches of a ROOT TTree, read with ``uproot.iterate`` (uproot imported lazily).
 
 :func:`open_rows` picks one from the file's suffix. The npy header is a trust boundary like the rest: only
-numeric dtypes, no Fortran order on the streamed path, and the declared size must fit in the bytes the
-file actually holds before anything is mapped or allocated.
+numeric dtypes, Fortran order only where the file is mapped (a deflated member streams rows, which a
+column-major array does not hold together), and the declared size must fit in the bytes the file actually holds
+before anything is mapped or allocated.
 """
 
 from __future__ import annotations
@@ -185,8 +186,9 @@ class _NpyArray(RowSource):
         return dtypes_from_whole(self.dtype, whole)
 
 
-def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], np.dtype, int]:
-    """(shape, dtype, header bytes) of the npy stream at ``fh``'s position; the data must fit in ``available``."""
+def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], np.dtype, int, bool]:
+    """(shape, dtype, header bytes, Fortran order) of the npy stream at ``fh``'s position; the data must fit in
+    ``available``."""
     start = fh.tell()
     try:
         version = np.lib.format.read_magic(fh)
@@ -198,8 +200,6 @@ def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], 
             raise ValueError(f"npy format version {version} is not supported")
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise BalerInputError(f"cannot read {source} as .npy: {' '.join(str(exc).split())[:200]}") from None
-    if fortran:
-        raise BalerInputError(f"{source}: Fortran-ordered arrays are not supported; save the array in C order")
     header_bytes = fh.tell() - start
     if dtype.kind not in "fiub" or dtype.fields is not None or dtype.hasobject:
         raise BalerInputError(f"{source}: data must be numeric, got dtype {dtype}")
@@ -207,11 +207,13 @@ def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], 
         raise BalerInputError(f"{source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got shape {shape}")
     if math.prod(shape) * dtype.itemsize > available - header_bytes:
         raise BalerInputError(f"{source} is truncated: its header declares {shape} of {dtype}, more than the file holds")
-    return tuple(shape), dtype, header_bytes
+    return tuple(shape), dtype, header_bytes, bool(fortran)
 
 
 class MappedRows(_NpyArray):
-    """A C-ordered npy array at ``offset`` in ``path``, mapped one block at a time."""
+    """An npy array at ``offset`` in ``path``, mapped one block at a time. A C-ordered array maps just the
+    block's bytes; a Fortran-ordered one (``np.save`` of a transposed array or of many pandas frames' values)
+    maps the whole array and reads the block's rows from each column, so the pages read are still one block's."""
 
     def __init__(self, path: Path, offset: int, available: int, source: str, names: list[str],
                  dtypes: list[str]) -> None:  # fmt: skip
@@ -219,35 +221,41 @@ class MappedRows(_NpyArray):
         self.source = source
         with open(path, "rb") as fh:
             fh.seek(offset)
-            shape, dtype, header_bytes = _read_npy_header(fh, source, available)
+            shape, dtype, header_bytes, self.fortran = _read_npy_header(fh, source, available)
         self.data_offset = offset + header_bytes
         self._describe(shape, dtype, names, dtypes)
 
-    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    def _map(self, start: int, stop: int) -> tuple[np.memmap, np.ndarray]:
+        """(the map to close, the rows ``start:stop`` in it)."""
+        if self.fortran:
+            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset, order="F",
+                               shape=(self.n_rows, *self.sample_shape))  # fmt: skip
+            return mapped, mapped[start:stop]
         row_bytes = self.n_columns * self.dtype.itemsize
+        mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
+                           shape=(stop - start, *self.sample_shape))  # fmt: skip
+        return mapped, mapped
+
+    def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
         for start in range(0, self.n_rows, rows):
-            n = min(rows, self.n_rows - start)
-            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
-                               shape=(n, *self.sample_shape))  # fmt: skip
+            mapped, block = self._map(start, min(start + rows, self.n_rows))
             try:
-                yield start, mapped
+                yield start, block
             finally:
                 mapped._mmap.close()  # unmap now: the resident pages stay those of one block
-                del mapped
+                del mapped, block
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        row_bytes = self.n_columns * self.dtype.itemsize
         try:
-            mapped = np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.data_offset + start * row_bytes,
-                               shape=(stop - start, *self.sample_shape))  # fmt: skip
+            mapped, block = self._map(start, stop)
         except (ValueError, OSError) as exc:  # the file shrank or vanished since it was opened
             raise BalerInputError(f"{self.source} changed while it was read (rows {start}..{stop - 1}):"
                                   f" {' '.join(str(exc).split())[:120]}") from None  # fmt: skip
         try:
-            values = np.array(mapped, dtype=np.float64)
+            values = np.array(block, dtype=np.float64)
         finally:
             mapped._mmap.close()
-            del mapped
+            del mapped, block
         check_finite(values, self.names, self.source, start)
         return values
 
@@ -260,7 +268,10 @@ class StreamedRows(_NpyArray):
         self.member = member
         self.source = source
         with zipfile.ZipFile(path) as zf, zf.open(member) as fh:
-            shape, dtype, self.header_bytes = _read_npy_header(fh, source, zf.getinfo(member).file_size)
+            shape, dtype, self.header_bytes, fortran = _read_npy_header(fh, source, zf.getinfo(member).file_size)
+        if fortran:
+            raise BalerInputError(f"{source}: a Fortran-ordered array in a compressed .npz cannot be read row by "
+                                  "row; save it with np.savez (uncompressed) or in C order (np.ascontiguousarray)")
         self._describe(shape, dtype, names, dtypes)
 
     def _raw_blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:

@@ -370,3 +370,24 @@ def test_compress_many_manifest_names_the_checkpoint_by_path_and_sha256(tmp_path
     second = json.loads((out / MANIFEST).read_text())["checkpoint"]
     assert second == _checkpoint_identity(tmp_path / "ae.ckpt") and second["sha256"] != first["sha256"]
     assert second["path"] == first["path"] == str((tmp_path / "ae.ckpt").resolve())
+
+
+@pytest.mark.parametrize("layout", ["npy", "npz"])
+def test_a_fortran_ordered_array_streams_the_same_rows_as_its_c_ordered_copy(tmp_path, layout):
+    """``np.save`` keeps a Fortran-contiguous array (a transpose, many pandas frames' values) column-major; the
+    in-memory reader accepts it, so the streamed readers must too, row for row (blocks and random reads)."""
+    data = np.asfortranarray(synthetic_cms_jets(3000, seed=4).data)
+    assert data.flags.f_contiguous and not data.flags.c_contiguous
+    path = tmp_path / f"f.{layout}"
+    np.save(path, data) if layout == "npy" else np.savez(path, data=data)
+    rows = open_rows(path)
+    assert (rows.n_rows, rows.sample_shape) == (3000, (24,))
+    streamed = np.concatenate([block for _, block in rows.blocks(700)])
+    assert np.array_equal(streamed, data)
+    assert np.array_equal(rows.read_rows(1234, 2001), data[1234:2001])
+
+
+def test_a_fortran_ordered_array_in_a_compressed_npz_is_refused_in_one_line(tmp_path):
+    np.savez_compressed(tmp_path / "f.npz", data=np.asfortranarray(np.arange(60.0).reshape(20, 3)))
+    with pytest.raises(BalerInputError, match=r"Fortran-ordered array in a compressed \.npz.*np\.savez"):
+        open_rows(tmp_path / "f.npz")
