@@ -24,6 +24,22 @@ Both are reported per family x selector (all cards and noise levels pooled) and 
 above (``--sets tuned``: the search was developed against them) and for held-out families, cards and noise
 seeds it was never run on while being developed (``--sets held-out``: ``HELD_OUT_FAMILIES``, seed + 1000).
 
+Lower bound (``--sets`` tables "per card x selector"): the fewest windows *any* search that learns only by
+comparing measured costs needs in the worst case on a grid of n limits, plus the one calibration window the
+adaptive search spends (the maximum twice in a row: 40 steps, no warm-up), counted in steps as above. For a
+cost to minimise (energy, ZeusCost) over an arbitrary unimodal sequence this is the discrete Fibonacci search's
+count (the smallest k with F(k+2) >= n+1, F(1) = F(2) = 1), computed exactly by a game-tree recursion that also requires the
+pick to be measured (:func:`unimodal_min_windows`); for max slowdown it is the maximum plus a binary search
+for the feasibility boundary (1 + ceil(log2 n): time never falls at a lower limit); for time it is the
+maximum alone (the same fact makes it the optimum). Bounds for searches that assume nothing about the
+curve's shape beyond unimodality; a search allowed to stop within the 2 % tolerance on a flat curve may
+need fewer on that curve, one that must survive cliffs and plateaus (not unimodal in the strict sense)
+may need more: the table's "cmp 0%" column runs that worst-case optimal comparison search on every
+noise-free curve of the card and selector and gives its success (the pick within 2 % of the optimum); the
+"prior 0" column gives the adaptive search's steps on the noise-free curves when told ``noise=0`` (it then
+trusts the zero spread of its calibration window instead of pooling it with the 3 % prior): what the noise
+prior costs where there is no noise.
+
 Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
 ``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
 results (only the run time), and they do not depend on ``--jobs``.
@@ -37,6 +53,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -142,6 +159,70 @@ CURVE_SET_IDS = {name: i for i, name in enumerate(CURVE_SETS)}
 MAX_WINDOWS_PER_LIMIT = 12  # noise draws per limit and repetition (more than any search profiles one limit)
 
 
+@functools.lru_cache(maxsize=None)
+def _unimodal_plan(candidates: int, measured: int = -1) -> tuple[int, int]:
+    """(fewest windows, the point to measure next) to find, in the worst case, the minimum of a strictly unimodal
+    sequence of ``candidates`` points by comparing measured values, ending with the minimum measured.
+
+    ``measured``: the index of the one point measured already (-1: none). Measuring point ``i`` beside the
+    measured ``j`` and comparing them leaves, for ``a = min(i, j) < b = max(i, j)``, either the points below
+    ``b`` (``a`` measured) or those above ``a`` (``b`` measured); the adversary picks the worse.
+    """
+    if candidates == 1:
+        return (0, -1) if measured == 0 else (1, 0)
+    best = (candidates + 1, -1)
+    for i in range(candidates):
+        if i == measured:
+            continue
+        if measured < 0:
+            windows = 1 + _unimodal_plan(candidates, i)[0]
+        else:
+            a, b = min(i, measured), max(i, measured)
+            windows = 1 + max(_unimodal_plan(b, a)[0], _unimodal_plan(candidates - a - 1, b - a - 1)[0])
+        best = min(best, (windows, i))
+    return best
+
+
+def unimodal_min_windows(candidates: int) -> int:
+    """Fewest windows that find the minimum of any strictly unimodal sequence of ``candidates`` points by
+    comparisons, the minimum measured (the discrete Fibonacci search: smallest k with F(k+2) >= candidates + 1)."""
+    return _unimodal_plan(candidates)[0]
+
+
+def comparison_search(costs: list[float]) -> tuple[int, int]:
+    """The worst-case optimal comparison search of :func:`_unimodal_plan` run on ``costs`` (ordered by limit; a
+    tie goes to the higher limit): (index of its pick, windows measured). Right when ``costs`` is unimodal."""
+    low, candidates, measured, windows = 0, len(costs), -1, 0
+    while not (candidates == 1 and measured == 0):
+        i = _unimodal_plan(candidates, measured)[1]
+        windows += 1
+        if measured < 0:
+            measured = i
+            continue
+        a, b = min(i, measured), max(i, measured)
+        if costs[low + a] < costs[low + b]:
+            candidates, measured = b, a
+        else:
+            low, candidates, measured = low + a + 1, candidates - a - 1, b - a - 1
+    return low, windows
+
+
+def lower_bound_windows(selector: str, grid_limits: int) -> int:
+    """The fewest windows (calibration excluded) a comparison-based search needs in the worst case (module
+    docstring): ``selector`` is the benchmark's label ("energy", "zeus_cost 0.5", "max_slowdown 1.1", ...)."""
+    if selector == "time":
+        return 1
+    if selector.startswith("max_slowdown"):
+        return 1 + math.ceil(math.log2(grid_limits))
+    return unimodal_min_windows(grid_limits)
+
+
+def windows_to_steps(distinct_limit_windows: int, same_limit_windows: int = 0) -> int:
+    """Profiling steps as the benchmark counts them: the wait, warm-up + profile per window at a new limit,
+    profile alone for a window right after one at the same limit."""
+    return WAIT_STEPS + distinct_limit_windows * (WARMUP_STEPS + PROFILE_STEPS) + same_limit_windows * PROFILE_STEPS
+
+
 def true_profiles(gpu: SimulatedGPU, grid: list[int]) -> dict[int, LimitProfile]:
     return {x: LimitProfile(x, gpu.step_energy_J(x) * PROFILE_STEPS, gpu.step_time_s(x) * PROFILE_STEPS,
                             PROFILE_STEPS) for x in grid}
@@ -204,11 +285,17 @@ def _family_card_cases(args: tuple) -> list[dict]:
         objective = Objective(selector, **knobs)
         label = selector + "".join(f" {v:g}" for v in knobs.values())
         judge = PickJudge(truth, objective)
+        comparison_good = None
+        if not objective.is_threshold:
+            ascending = sorted(grid)
+            costs = objective.costs([truth[x] for x in ascending])
+            pick, _ = comparison_search([costs[x] for x in ascending])
+            comparison_good = judge.good(ascending[pick])
         for ni, noise in enumerate(NOISE_LEVELS):
             rng = _case_seed(seed + seed_offset, curve_set, fi, ci, si, ni)
             n = 1 if noise == 0 else reps
             case = {"family": family, "card": card, "selector": label, "noise": noise, "reps": n,
-                    "grid_limits": len(grid), "sweep": {"steps": [], "good": []},
+                    "grid_limits": len(grid), "comparison_search_good": comparison_good, "sweep": {"steps": [], "good": []},
                     "adaptive": {"steps": [], "good": [], "windows": []}}
             for _ in range(n):
                 table = 1 + noise * rng.standard_normal((len(grid), MAX_WINDOWS_PER_LIMIT, 2))
@@ -223,6 +310,10 @@ def _family_card_cases(args: tuple) -> list[dict]:
                     case[name]["good"].append(judge.good(choice))
                     if name == "adaptive":
                         case[name]["windows"].append(windows)
+            case["adaptive"]["windows_mean"] = float(np.mean(case["adaptive"]["windows"]))
+            if noise == 0:  # what the noise prior costs when there is no noise: the search trusting zero spread
+                steps, _, choice = run_search(AdaptiveSearch(grid, objective, noise=0.0), truth, lambda x, k: (1.0, 1.0))
+                case["adaptive_without_noise_prior"] = {"steps": steps, "good": judge.good(choice)}
             cases.append(case)
     return cases
 
@@ -274,7 +365,58 @@ def summarise(cases: list[dict]) -> dict:
         "by_selector": {s: block([c for c in cases if c["selector"] == s]) for s in selectors},
         "by_noise": {f"{noise:.0%}": block([c for c in cases if c["noise"] == noise]) for noise in NOISE_LEVELS},
         "all": block(cases),
+        "by_card_and_selector": by_card_and_selector(cases),
     }
+
+
+def by_card_and_selector(cases: list[dict]) -> dict:
+    """Per card and selector: the sweep's steps, half of them, the comparison lower bound (windows and steps,
+    calibration included) and the adaptive search's mean steps and windows per noise level (families pooled)."""
+    out: dict = {}
+    for card in dict.fromkeys(c["card"] for c in cases):
+        out[card] = {}
+        for selector in dict.fromkeys(c["selector"] for c in cases):
+            mine = [c for c in cases if c["card"] == card and c["selector"] == selector]
+            grid_limits = mine[0]["grid_limits"]
+            bound = lower_bound_windows(selector, grid_limits)
+            sweep_steps = windows_to_steps(grid_limits)
+            row = {"grid_limits": grid_limits, "sweep_steps": sweep_steps, "half_sweep_steps": sweep_steps / 2,
+                   "bound_windows": bound + 1, "bound_steps": windows_to_steps(bound, 1),
+                   "bound_steps_without_calibration": windows_to_steps(bound),
+                   "search_steps": {}, "search_windows": {}}
+            row["half_possible"] = row["bound_steps"] <= row["half_sweep_steps"]
+            noise_free = [c["comparison_search_good"] for c in mine if c["noise"] == 0 and
+                          c["comparison_search_good"] is not None]
+            row["comparison_search_success_0"] = float(np.mean(noise_free)) if noise_free else None
+            no_prior = [c["adaptive_without_noise_prior"] for c in mine if c["noise"] == 0]
+            row["search_steps_without_noise_prior_0"] = float(np.mean([r["steps"] for r in no_prior]))
+            row["search_success_without_noise_prior_0"] = float(np.mean([r["good"] for r in no_prior]))
+            for noise in NOISE_LEVELS:
+                at = [c for c in mine if c["noise"] == noise]
+                row["search_steps"][f"{noise:.0%}"] = float(np.mean([np.mean(c["adaptive"]["steps"]) for c in at]))
+                row["search_windows"][f"{noise:.0%}"] = float(np.mean([c["adaptive"]["windows_mean"] for c in at]))
+            out[card][selector] = row
+    return out
+
+
+def format_bound_table(table: dict) -> str:
+    header = (f"{'card':<20} {'selector':<17} {'n':>2} {'sweep':>5} {'1/2':>6} {'bound':>5} {'(win)':>5}  "
+              f"{'search 0%':>9} {'(win)':>5} {'1%':>5} {'3%':>5} {'5%':>5} {'prior 0':>7} {'cmp 0%':>6}  1/2 possible")
+    lines = ["", "== per card x selector: mean profiling steps (families pooled); bound: fewest windows of any "
+                 "comparison-based search + 1 calibration window, (win): windows;",
+             "   prior 0: the search at 0 % noise with noise=0 (trusting the calibration's zero spread, not the 3 % "
+             "prior); cmp 0%: success of the worst-case optimal comparison search on the noise-free curves",
+             header, "-" * len(header)]
+    for card, rows in table.items():
+        for selector, r in rows.items():
+            steps, windows = r["search_steps"], r["search_windows"]
+            success = r["comparison_search_success_0"]
+            cmp_0 = "-" if success is None else f"{success:.0%}"
+            lines.append(f"{card:<20} {selector:<17} {r['grid_limits']:>2} {r['sweep_steps']:>5} "
+                         f"{r['half_sweep_steps']:>6.1f} {r['bound_steps']:>5} {r['bound_windows']:>5}  "
+                         f"{steps['0%']:>9.0f} {windows['0%']:>5.1f} {steps['1%']:>5.0f} {steps['3%']:>5.0f} "
+                         f"{steps['5%']:>5.0f} {r['search_steps_without_noise_prior_0']:>7.0f} {cmp_0:>6}  {'yes' if r['half_possible'] else 'NO (bound > 1/2)'}")
+    return "\n".join(lines)
 
 
 def format_row(label: str, b: dict) -> str:
@@ -341,12 +483,14 @@ def main(argv: list[str] | None = None) -> int:
         summary = summarise(cases)
         print(f"\n######## curve set: {curve_set} (noise seed {args.seed + seed_offset})")
         print(format_tables(summary))
+        print(format_bound_table(summary["by_card_and_selector"]))
         print("\n" + goal_line(summary))
         results[curve_set] = {
             "summary": summary,
             "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive")}
                       | {name: {"success": float(np.mean(c[name]["good"])), "good": int(np.sum(c[name]["good"])),
                                 "steps_mean": float(np.mean(c[name]["steps"]))} for name in ("sweep", "adaptive")}
+                      | {"adaptive_windows_mean": c["adaptive"]["windows_mean"]}
                       for c in cases],
             "families": list(families), "cards": {k: list(v) for k, v in cards.items()},
             "seed": args.seed + seed_offset,

@@ -468,3 +468,47 @@ def test_the_profile_figure_never_writes_through_a_planted_temporary_name(tmp_pa
         plt.close(fig)
     assert victim.read_bytes() == b"keep me"  # old code: the PNG landed in the victim
     assert target.read_bytes().startswith(b"\x89PNG")
+
+
+def _power_limit_benchmark():
+    """benchmarks/power_limit_search.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    path = HERE.parent / "benchmarks" / "power_limit_search.py"
+    spec = importlib.util.spec_from_file_location("power_limit_search_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_comparison_lower_bound_is_the_fibonacci_count_and_is_reached():
+    """The benchmark's lower bound: the game-tree recursion gives the discrete Fibonacci search's count (k windows
+    find the minimum of at most F(k+2) - 1 points), and the strategy it yields finds the minimum of every
+    strictly unimodal sequence within it, taking all of it for some (a bound, not a guess)."""
+    bench = _power_limit_benchmark()
+    fibonacci = [1, 1]
+    while len(fibonacci) < 20:
+        fibonacci.append(fibonacci[-1] + fibonacci[-2])
+    for n in range(1, 35):
+        assert bench.unimodal_min_windows(n) == next(k for k in range(20) if fibonacci[k + 1] >= n + 1)
+    for n in (2, 7, 9, 13, 21):
+        used = []
+        for minimum in range(n):
+            for slope_above in (0.5, 2.0):
+                costs = [float(minimum - i) if i <= minimum else slope_above * (i - minimum) for i in range(n)]
+                pick, windows = bench.comparison_search(costs)
+                assert pick == minimum
+                used.append(windows)
+        assert max(used) == bench.unimodal_min_windows(n)
+
+
+def test_the_bound_counts_steps_as_the_benchmark_counts_them():
+    bench = _power_limit_benchmark()
+    gpu = bench.family_gpu("quadratic (V100 study)", "H100 200-700 W")
+    grid = limit_grid(gpu.min_limit_W, gpu.max_limit_W, bench.PL_STEP_W)
+    truth = bench.true_profiles(gpu, grid)
+    steps, windows, _ = bench.run_search(ExhaustiveSweep(grid, Objective("energy")), truth, lambda limit, k: (1, 1))
+    assert (steps, windows) == (bench.windows_to_steps(len(grid)), 21)
+    assert bench.lower_bound_windows("time", 21) == 1
+    assert [bench.lower_bound_windows("max_slowdown 1.1", n) for n in (7, 9, 13, 21)] == [4, 5, 5, 6]
+    assert [bench.lower_bound_windows("zeus_cost 0.5", n) for n in (7, 9, 13, 21)] == [4, 5, 6, 7]
