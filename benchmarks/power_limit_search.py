@@ -24,21 +24,20 @@ Both are reported per family x selector (all cards and noise levels pooled) and 
 above (``--sets tuned``: the search was developed against them) and for held-out families, cards and noise
 seeds it was never run on while being developed (``--sets held-out``: ``HELD_OUT_FAMILIES``, seed + 1000).
 
-Lower bound (``--sets`` tables "per card x selector"): the fewest windows *any* search that learns only by
-comparing measured costs needs in the worst case on a grid of n limits, plus the one calibration window the
-adaptive search spends (the maximum twice in a row: 40 steps, no warm-up), counted in steps as above. For a
-cost to minimise (energy, ZeusCost) over an arbitrary unimodal sequence this is the discrete Fibonacci search's
-count (the smallest k with F(k+2) >= n+1, F(1) = F(2) = 1), computed exactly by a game-tree recursion that also requires the
-pick to be measured (:func:`unimodal_min_windows`); for max slowdown it is the maximum plus a binary search
-for the feasibility boundary (1 + ceil(log2 n): time never falls at a lower limit); for time it is the
-maximum alone (the same fact makes it the optimum). Bounds for searches that assume nothing about the
-curve's shape beyond unimodality; a search allowed to stop within the 2 % tolerance on a flat curve may
-need fewer on that curve, one that must survive cliffs and plateaus (not unimodal in the strict sense)
-may need more: the table's "cmp 0%" column runs that worst-case optimal comparison search on every
-noise-free curve of the card and selector and gives its success (the pick within 2 % of the optimum); the
-"prior 0" column gives the adaptive search's steps on the noise-free curves when told ``noise=0`` (it then
-trusts the zero spread of its calibration window instead of pooling it with the 3 % prior): what the noise
-prior costs where there is no noise.
+Lower bound (the table "per card x selector" of each set): the fewest windows *any* search that learns
+only by comparing measured costs needs in the worst case on a grid of n limits, plus the one calibration
+window the adaptive search spends (the maximum twice in a row: 40 steps, no warm-up), counted in steps as
+above. For a cost to minimise (energy, ZeusCost) over an arbitrary unimodal sequence this is the discrete
+Fibonacci search's count (the smallest k with F(k+2) >= n+1, F(1) = F(2) = 1), computed exactly by a
+game-tree recursion that also requires the pick to be measured (:func:`unimodal_min_windows`); for max
+slowdown it is the maximum plus a binary search for the feasibility boundary (1 + ceil(log2 n): time never
+falls at a lower limit); for time it is the maximum alone (the same fact makes it the optimum). These bound
+searches that assume nothing of the curve beyond unimodality: one allowed to stop within the 2 % tolerance
+on a flat curve may need fewer there, one that must survive cliffs and plateaus (not strictly unimodal)
+may need more. Column "cmp 0%": the success of that worst-case optimal comparison search on the
+noise-free curves of the card and selector (the pick within 2 % of the optimum); column "prior 0": the
+adaptive search's steps on the noise-free curves when told ``noise=0`` (it then trusts the zero spread of
+its calibration window instead of pooling it with the 3 % prior): what the noise prior costs without noise.
 
 Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
 ``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
@@ -295,7 +294,8 @@ def _family_card_cases(args: tuple) -> list[dict]:
             rng = _case_seed(seed + seed_offset, curve_set, fi, ci, si, ni)
             n = 1 if noise == 0 else reps
             case = {"family": family, "card": card, "selector": label, "noise": noise, "reps": n,
-                    "grid_limits": len(grid), "comparison_search_good": comparison_good, "sweep": {"steps": [], "good": []},
+                    "grid_limits": len(grid), "comparison_search_good": comparison_good,
+                    "sweep": {"steps": [], "good": []},
                     "adaptive": {"steps": [], "good": [], "windows": []}}
             for _ in range(n):
                 table = 1 + noise * rng.standard_normal((len(grid), MAX_WINDOWS_PER_LIMIT, 2))
@@ -312,7 +312,8 @@ def _family_card_cases(args: tuple) -> list[dict]:
                         case[name]["windows"].append(windows)
             case["adaptive"]["windows_mean"] = float(np.mean(case["adaptive"]["windows"]))
             if noise == 0:  # what the noise prior costs when there is no noise: the search trusting zero spread
-                steps, _, choice = run_search(AdaptiveSearch(grid, objective, noise=0.0), truth, lambda x, k: (1.0, 1.0))
+                trusting = AdaptiveSearch(grid, objective, noise=0.0)
+                steps, _, choice = run_search(trusting, truth, lambda limit, k: (1.0, 1.0))
                 case["adaptive_without_noise_prior"] = {"steps": steps, "good": judge.good(choice)}
             cases.append(case)
     return cases
@@ -415,7 +416,8 @@ def format_bound_table(table: dict) -> str:
             lines.append(f"{card:<20} {selector:<17} {r['grid_limits']:>2} {r['sweep_steps']:>5} "
                          f"{r['half_sweep_steps']:>6.1f} {r['bound_steps']:>5} {r['bound_windows']:>5}  "
                          f"{steps['0%']:>9.0f} {windows['0%']:>5.1f} {steps['1%']:>5.0f} {steps['3%']:>5.0f} "
-                         f"{steps['5%']:>5.0f} {r['search_steps_without_noise_prior_0']:>7.0f} {cmp_0:>6}  {'yes' if r['half_possible'] else 'NO (bound > 1/2)'}")
+                         f"{steps['5%']:>5.0f} {r['search_steps_without_noise_prior_0']:>7.0f} {cmp_0:>6}  "
+                         f"{'yes' if r['half_possible'] else 'NO (bound > 1/2)'}")
     return "\n".join(lines)
 
 
