@@ -253,7 +253,7 @@ def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int,
     Returns (profiling steps, windows, choice)."""
     seen: dict[int, LimitProfile] = {}
     steps, windows, previous = WAIT_STEPS, 0, None
-    while (limit := search.next_limit(seen)) is not None:
+    while (limit := search.next_limit(seen, previous)) is not None:
         p = truth[limit]
         k = seen[limit].window_count if limit in seen else 0
         energy_factor, time_factor = draws(limit, k)

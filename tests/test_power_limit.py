@@ -33,6 +33,8 @@ from lightning_energy.testing.gpu_sim import (
     installed_in_zeus,
 )
 from lightning_energy.optimize.power_limit.search import (
+    DEFAULT_REPEAT_BUDGET,
+    DEFAULT_SETTLE_BUDGET,
     AdaptiveSearch,
     ExhaustiveSweep,
     LimitProfile,
@@ -436,9 +438,10 @@ def test_dry_run_reports_without_touching_the_card(tmp_path, clock):
     assert report == json.loads(json.dumps(callback.dry_run_report))
     assert report["candidate_limits_W"] == GRID
     assert report["first_limits_W"] == [300, 150]
-    # at least: 300 W, again without warm-up (the noise), 150 W; at most every limit, every exploration repeat (8)
-    # and every settling repeat (8)
-    most = 1 + (7 + 8 + 8) * 4
+    # at least: 300 W, again without warm-up (the noise), 150 W; at most every limit, every exploration repeat, every
+    # settling repeat and one confirming window per limit (each window: 1 warm-up + 3 profile steps)
+    most = 1 + (7 + DEFAULT_REPEAT_BUDGET + DEFAULT_SETTLE_BUDGET + 7) * 4
+    assert report["confirmation_windows"] == 7
     assert report["profiling_steps"] == {"min": 1 + 2 * 4 + 3, "max": most}
     here = report["measured_at_current_limit"]
     assert here["time_per_step_s"] == pytest.approx(gpu.step_time_s(300, 256), rel=1e-9)
@@ -541,3 +544,24 @@ def test_real_gpu_read_only_queries_and_a_dry_run_that_changes_nothing(tmp_path)
     report = callback.dry_run_report
     assert report["current_limit_W"] == current // 1000 and report["limit_constraints_W"] == [low // 1000, high // 1000]
     assert report["measured_at_current_limit"]["time_per_step_s"] > 0
+
+
+def test_the_callback_tells_the_search_the_limit_just_profiled_and_its_warm_up_share(tmp_path, clock, monkeypatch):
+    """The adaptive search gets ``warmup_steps / profile_steps`` and, at every decision, the limit of the window
+    that just ended (the one it asked for last), so it can prefer a repeat without warm-up."""
+    asked: list[tuple[int | None, int | None]] = []
+    original = AdaptiveSearch.next_limit
+
+    def spy(self, profiled, previous=None):
+        answer = original(self, profiled, previous)
+        asked.append((previous, answer))
+        return answer
+
+    monkeypatch.setattr(AdaptiveSearch, "next_limit", spy)
+    callback = optimizer(selector="energy", search="adaptive", warmup_steps=2, profile_steps=8)
+    fit(tmp_path, SimulatedGPU(clock=clock), callback, batches=200)
+    assert callback._strategy.warmup_share == 2 / 8
+    decisions = asked[1:]  # the first call, in setup, has profiled nothing
+    assert decisions and decisions[0][0] == 300
+    assert all(previous == asked[i][1] for i, (previous, _) in enumerate(decisions)), asked
+    assert [previous for previous, _ in decisions] == callback.limits_profiled

@@ -160,7 +160,8 @@ class PowerLimitOptimizer(MeteredCallback):
             default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
-        tolerance: for ``search="adaptive"``: a pick within this fraction of the optimum is good enough.
+        tolerance: for ``search="adaptive"``: a pick within this fraction of the optimum is good enough (max
+            slowdown: a pick may break the constraint by this fraction of the time).
         noise: for ``search="adaptive"``: the assumed run-to-run spread of one window (relative standard
             deviation), pooled with what repeated windows show.
         max_repeats, repeat_budget: for ``search="adaptive"``: most extra windows per limit, and per search
@@ -277,7 +278,8 @@ class PowerLimitOptimizer(MeteredCallback):
         self._objective = Objective(self.selector, self.eta_knob, self.max_slowdown_factor, trainer.world_size,
                                     self.max_power_scope)
         self._strategy = make_search(self.search, self._grid, self._objective, self.tolerance, self.noise,
-                                     self.max_repeats, self.repeat_budget, self.settle_budget)
+                                     self.max_repeats, self.repeat_budget, self.settle_budget,
+                                     warmup_share=self.warmup_steps / self.profile_steps)
         self._simulated = gpu_control.is_simulated(gpu)
         self._own_clock = getattr(gpu, "simulated_reading", lambda: None)() is not None
         self._readings: dict[int, tuple[float, float]] = {}  # simulated card's own (J, s) at bounding steps
@@ -444,11 +446,11 @@ class PowerLimitOptimizer(MeteredCallback):
             return
         if self._strategy.needs_measurements:
             self._merge_pending(trainer)  # a decision point: this window's figures are needed now
-            proposal = self._strategy.next_limit(self.profiles) if trainer.is_global_zero else None
+            proposal = self._strategy.next_limit(self.profiles, limit_W) if trainer.is_global_zero else None
             next_W = trainer.strategy.broadcast(proposal, src=0)
         else:
             known = {**self.profiles, limit_W: None}
-            next_W = self._strategy.next_limit(known)
+            next_W = self._strategy.next_limit(known, limit_W)
         if next_W is None:
             self._decide(trainer)
         elif next_W == limit_W:  # the same limit again (a near-tie): no change, so no warm-up
@@ -623,7 +625,8 @@ class PowerLimitOptimizer(MeteredCallback):
         plan = self._strategy.plan()
         per_limit = self.warmup_steps + self.profile_steps
         steps = {"min": self.wait_steps + plan["min_limits"] * per_limit + plan["calibration_windows"] * self.profile_steps,
-                 "max": self.wait_steps + (plan["max_limits"] + plan["repeat_budget"]) * per_limit}
+                 "max": self.wait_steps + (plan["max_limits"] + plan["repeat_budget"] + plan["confirmation_windows"])
+                 * per_limit}
         total = trainer.estimated_stepping_batches
         problem = gpu_control.permission_problem(self._gpu)
         self.dry_run_report = {

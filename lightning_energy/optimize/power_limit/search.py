@@ -16,11 +16,14 @@ at a lower limit (mean power per step non-decreasing). Between two profiled limi
 limit then costs at least ``P(lo) * T(hi)`` J per step, ``T(hi)`` s, and so on for each selector: a gap
 whose bound cannot beat the best profiled cost by more than ``tolerance`` is never profiled (branch and
 bound). Measurements carry run-to-run noise: bounds and comparisons use a noise margin (the relative
-spread of one window, from repeated windows pooled with the ``noise`` prior), and a pick within noise of
-another is settled by repeating windows (at most ``max_repeats`` more per limit): from the exploration
-budget first, then from a separate settle budget, so that an unsettled choice gets more profiling rather
-than a coin toss (the search may then spend more windows than the sweep). When profiles break either fact
-beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a worse guess.
+spread of one window, from repeated windows pooled with the ``noise`` prior; none on the best profile's own
+measurement where a bound shares it), and a pick within noise of another is settled by repeating windows
+(at most ``max_repeats`` more per limit): from the exploration budget first, then from a separate settle
+budget, so that an unsettled choice gets more profiling rather than a coin toss (the search may then spend
+more windows than the sweep); a pick resting on one window always gets a second. Windows are ranked by
+possible gain per step, so a repeat of the limit just profiled (no warm-up) goes first. When profiles
+break either fact beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a
+worse guess.
 
 DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
 limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
@@ -52,10 +55,12 @@ CONFIDENCE_Z = 1.5  # near-ties: a rival within this many standard deviations of
 GAP_Z = 1.0  # a gap's lower bound allows for this many standard deviations of noise in its ends
 FALLBACK_Z = 3.0  # a profile breaks monotonic time or power only beyond this many standard deviations
 DEFAULT_MAX_REPEATS = 3  # most extra windows of one limit
-DEFAULT_REPEAT_BUDGET = 8  # most extra windows while exploring (the noise calibration and near-tie splits included)
+DEFAULT_REPEAT_BUDGET = 6  # most extra windows while exploring (the noise calibration and near-tie splits included)
 # Most further windows that settle the final choice (repeats of near-ties, or of limits near the max-slowdown
 # threshold) once the exploration budget is spent: the fallback to more profiling, never a worse pick.
-DEFAULT_SETTLE_BUDGET = 8
+DEFAULT_SETTLE_BUDGET = 2
+# Warm-up steps per window after a limit change, as a share of the profile steps (Zeus's defaults: 10 / 40).
+DEFAULT_WARMUP_SHARE = 0.25
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 QUADRATIC_PARAMETERS = 3
 
@@ -250,13 +255,15 @@ class ExhaustiveSweep:
             raise ValueError("ExhaustiveSweep.choose needs the objective (pass `objective`)")
         return self.objective.select(sorted(profiled.values(), key=lambda p: p.limit_W, reverse=True))
 
-    def next_limit(self, profiled: Mapping[int, LimitProfile | None]) -> int | None:
-        """The next limit to profile (None: done). ``profiled`` may hold limits whose values are pending."""
+    def next_limit(self, profiled: Mapping[int, LimitProfile | None], previous: int | None = None) -> int | None:
+        """The next limit to profile (None: done). ``profiled`` may hold limits whose values are pending;
+        ``previous`` (the limit just profiled) does not change the sweep's order."""
         return next((limit for limit in self.grid if limit not in profiled), None)
 
     def plan(self) -> dict:
         return {"search": self.name, "first_limits_W": list(self.grid), "min_limits": len(self.grid),
-                "max_limits": len(self.grid), "calibration_windows": 0, "repeat_budget": 0}
+                "max_limits": len(self.grid), "calibration_windows": 0, "repeat_budget": 0,
+                "confirmation_windows": 0}
 
     def fell_back(self, profiled: Mapping[int, LimitProfile | None]) -> bool:
         return False
@@ -278,7 +285,12 @@ class AdaptiveSearch:
       most ``1 + max_repeats`` windows). Both count against ``repeat_budget``; once it is spent, repeats
       (not new limits) go on from ``settle_budget``;
     - when nothing else is left, the pick itself if it rests on one window: the lowest of several noisy
-      single windows is biased low (the winner's curse), a second window is not.
+      single windows is biased low (the winner's curse), a second window is not. This confirmation needs
+      no budget (at most one per limit, only for the pick), so a limit profiled late is never chosen on
+      its one window because the budgets were spent.
+
+    Among the windows worth profiling the one with the most possible gain per step is taken: told the
+    limit just profiled (``previous``), a repeat there costs no warm-up, ``1 + warmup_share`` times less.
 
     Gaps are bounded by the monotonic facts and, while the profile looks convex, by a third one: a limit
     only picks the clock, so every operating point (mean power, time per step) lies on one curve, and time
@@ -286,18 +298,22 @@ class AdaptiveSearch:
     throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
     through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
     stops when no gap and no near-tie is left, or when the budgets are spent: then it may have profiled
-    more windows than the sweep (every limit once), never more than the grid plus both budgets.
+    more windows than the sweep (every limit once), never more than the grid plus both budgets plus one
+    confirmation per limit.
 
-    For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating a
-    limit whose time is within noise of the threshold (from either budget). Profiles that break monotonic time (or, for cost
-    selectors, power) by more than :data:`FALLBACK_Z` standard deviations make it fall back to Zeus's
-    exhaustive sweep. :meth:`choose` is always Zeus's selector over the profiled limits.
+    For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating the pick
+    while it may truly break the constraint by more than ``tolerance``, and the limit below while it may
+    truly meet it and save more than ``tolerance`` in energy (from either budget). Profiles that break
+    monotonic time (or, for cost selectors, power) by more than :data:`FALLBACK_Z` standard deviations make
+    it fall back to Zeus's exhaustive sweep. :meth:`choose` is always Zeus's selector over the profiled
+    limits.
 
     Args:
         grid: the candidate limits (W).
         objective: what is minimised (or, for max slowdown, the time constraint).
         tolerance: a pick within this fraction of the optimum is good enough: gaps and rivals that cannot
-            beat the best by more are not profiled.
+            beat the best by more are not profiled (max slowdown: a pick may break the constraint by this
+            fraction of the time, and a limit below it saving less energy is not worth settling).
         noise: the assumed relative standard deviation of one window's energy and time (pooled with
             what repeated windows show).
         max_repeats: most extra windows per limit.
@@ -305,6 +321,9 @@ class AdaptiveSearch:
             a near-tie, repeats.
         settle_budget: most further repeats once ``repeat_budget`` is spent (near-ties of the choice, limits
             near the max-slowdown threshold).
+        warmup_share: warm-up steps after a limit change over profile steps per window: windows worth
+            profiling are ranked by possible gain per step, so a repeat of the limit just profiled (no
+            warm-up) is preferred to an equally promising window elsewhere.
     """
 
     name = "adaptive"
@@ -312,9 +331,14 @@ class AdaptiveSearch:
 
     def __init__(self, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                  noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                 repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET) -> None:
+                 repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET,
+                 warmup_share: float = DEFAULT_WARMUP_SHARE) -> None:
         if not grid:
             raise ValueError("the limit grid is empty")
+        if isinstance(warmup_share, bool) or not isinstance(warmup_share, (int, float)) or not warmup_share >= 0:
+            raise ValueError(f"`warmup_share` must be a number >= 0, got {warmup_share!r}")
+        self.warmup_share = float(warmup_share)
+        self._previous: int | None = None
         if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0.0 <= tolerance < 1.0:
             raise ValueError(f"`tolerance` must be a number in [0, 1), got {tolerance!r}")
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0.0 <= noise < 0.5:
@@ -341,7 +365,8 @@ class AdaptiveSearch:
         calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
         return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
                 "max_limits": len(self.grid), "calibration_windows": calibration,
-                "repeat_budget": self.repeat_budget + self.settle_budget if self.max_repeats > 0 else 0}
+                "repeat_budget": self.repeat_budget + self.settle_budget if self.max_repeats > 0 else 0,
+                "confirmation_windows": len(self.grid) if self.max_repeats > 0 and len(self.grid) > 2 else 0}
 
     # ---------------------------------------------------------------- noise
     def noise_level(self, profiled: Mapping[int, LimitProfile]) -> float:
@@ -359,12 +384,15 @@ class AdaptiveSearch:
         return math.sqrt((squares + PRIOR_DOF * self.noise**2) / (dof + PRIOR_DOF))
 
     # ---------------------------------------------------------------- the next window
-    def next_limit(self, profiled: Mapping[int, LimitProfile | None]) -> int | None:
+    def next_limit(self, profiled: Mapping[int, LimitProfile | None], previous: int | None = None) -> int | None:
         """The next limit to profile, possibly one already profiled (a repeat); None when done.
 
-        Every value in ``profiled`` must be known (merged windows of each limit)."""
+        Every value in ``profiled`` must be known (merged windows of each limit). ``previous``: the limit of
+        the window just profiled (W; None: unknown): another window there needs no warm-up, so among
+        windows worth profiling it costs ``1 + warmup_share`` times less."""
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
+        self._previous = previous  # the limit just profiled: a repeat there needs no warm-up
         self._split_limits &= set(profiled)  # a fresh search on the same object starts again
         spent = sum(p.window_count - 1 for p in profiled.values()) + len(self._split_limits)
         self._repeats_left = self.repeat_budget - spent
@@ -383,6 +411,10 @@ class AdaptiveSearch:
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
+
+    def _window_cost(self, limit: int) -> float:
+        """The cost of a window at ``limit`` in profile windows: 1, plus the warm-up after a limit change."""
+        return 1.0 if limit == self._previous else 1.0 + self.warmup_share
 
     def _margin(self, sigma: float, p: LimitProfile) -> float:
         return GAP_Z * sigma / math.sqrt(p.window_count)
@@ -406,7 +438,7 @@ class AdaptiveSearch:
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
             if not inside:
                 continue
-            bound = self._gap_bound(done, i, sigma, convex)
+            bound = self._gap_bound(done, i, sigma, convex, best)
             gain = (best_cost - bound) / best_cost - self.tolerance
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
@@ -425,31 +457,36 @@ class AdaptiveSearch:
                 middle = (low + high) / 2
                 actions.append((gain, min(between, key=lambda limit: (abs(limit - middle), -limit)), True))
                 continue
-            again = min((q for q in (best, p) if self._can_repeat(q)), key=lambda q: q.window_count, default=None)
+            again = min((q for q in (best, p) if self._can_repeat(q)),  # fewer windows; ties: no warm-up first
+                        key=lambda q: (q.window_count, q.limit_W != self._previous), default=None)
             if again is not None:
                 actions.append((gain, again.limit_W, False))
         if not actions:
             # the winner's curse: the lowest of many noisy single windows is biased low, so a pick resting on one
-            # window gets a second one (an unbiased look) before it is final
-            confirm = best.window_count < 2 and sigma > 0 and len(done) > 2 and self._can_repeat(best)
+            # window gets a second one (an unbiased look) before it is final; from no budget: a limit profiled
+            # late (a gap's middle) would otherwise be chosen on its one lucky window once the budgets are spent
+            confirm = best.window_count < 2 and sigma > 0 and len(done) > 2 and self.max_repeats > 0
             return best.limit_W if confirm else None
-        _, limit, splits = max(actions)
+        _, limit, splits = max(actions, key=lambda action: (action[0] / self._window_cost(action[1]), action[1]))
         if splits:
             self._split_limits.add(limit)
         return limit
 
-    def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool) -> float:
+    def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool,
+                   best: LimitProfile | None = None) -> float:
         """A lower bound on the cost of any limit between ``done[i]`` and ``done[i + 1]`` (sorted by limit).
 
-        Monotonic facts: power at least ``P(lo)``, time at least ``T(hi)``, each less its noise margin.
+        Monotonic facts: power at least ``P(lo)``, time at least ``T(hi)``, each less its noise margin, except
+        where that end is ``best`` (the profile the bound is compared with): its own measurement is not set
+        against itself (a gap below the fastest limit cannot be faster than it, whatever the noise).
         ``convex``: the card's operating points also lie on one curve of time against power that is convex
         (a limit only picks the clock; time goes as 1/clock, power is convex increasing in the clock), so
         time inside the gap is also above the secants through the gap's ends and their outer neighbours,
         extended into the gap (with the noise margins set against the bound)."""
         lo, hi = done[i], done[i + 1]
         top = done[-1]
-        power_lo = lo.mean_power_W * (1.0 - math.sqrt(2.0) * self._margin(sigma, lo))
-        time_floor = hi.time_per_step_s * (1.0 - self._margin(sigma, hi))
+        power_lo = lo.mean_power_W * (1.0 - (0.0 if lo is best else math.sqrt(2.0) * self._margin(sigma, lo)))
+        time_floor = hi.time_per_step_s * (1.0 - (0.0 if hi is best else self._margin(sigma, hi)))
         if not convex:
             return float(self.objective.cost_of(power_lo * time_floor, time_floor, top.limit_W, top.time_per_step_s))
         power_hi = max(hi.mean_power_W * (1.0 + math.sqrt(2.0) * self._margin(sigma, hi)), power_lo)
@@ -461,8 +498,8 @@ class AdaptiveSearch:
         if i + 2 < len(done):  # through hi and its upper neighbour, extended to lower power
             lines.append((hi, -1.0, done[i + 2], 1.0))
         for a, sign_a, b, sign_b in lines:
-            ta = a.time_per_step_s * (1.0 + sign_a * self._margin(sigma, a))
-            tb = b.time_per_step_s * (1.0 + sign_b * self._margin(sigma, b))
+            ta = a.time_per_step_s * (1.0 + (0.0 if a is best else sign_a * self._margin(sigma, a)))
+            tb = b.time_per_step_s * (1.0 + (0.0 if b is best else sign_b * self._margin(sigma, b)))
             if b.mean_power_W - a.mean_power_W <= 1e-9 * b.mean_power_W:
                 continue
             slope = (tb - ta) / (b.mean_power_W - a.mean_power_W)
@@ -502,7 +539,10 @@ class AdaptiveSearch:
         return self._threshold_repeat(profiled)
 
     def _threshold_repeat(self, profiled: Mapping[int, LimitProfile]) -> int | None:
-        """A limit whose time is within noise of the constraint, profiled again (the boundary pair only)."""
+        """A limit of the boundary pair profiled again while noise leaves the choice in doubt beyond the tolerance:
+        the pick (the lowest limit measured within the constraint) while its time may truly exceed the constraint
+        by more than ``tolerance``; the limit below it while it may truly meet the constraint and save more than
+        ``tolerance`` of the pick's energy per step."""
         limit_time_s = self.objective.max_slowdown_factor * profiled[self.grid[0]].time_per_step_s
         sigma = self.noise_level(profiled)
         feasible = min(limit for limit, p in profiled.items() if p.time_per_step_s <= limit_time_s)
@@ -513,11 +553,18 @@ class AdaptiveSearch:
             if limit is None or limit == self.grid[0]:
                 continue
             p = profiled[limit]
-            distance = abs(p.time_per_step_s / limit_time_s - 1.0)
             spread = sigma * math.sqrt(1.0 / p.window_count + 1.0 / reference_windows)
-            if distance < CONFIDENCE_Z * spread and self._can_repeat(p):
-                doubtful.append((p.window_count, -limit))
-        return -min(doubtful)[1] if doubtful else None
+            over = p.time_per_step_s / limit_time_s - 1.0
+            if limit == feasible:  # the pick: could it truly break the constraint by more than the tolerance?
+                doubt = over + CONFIDENCE_Z * spread > self.tolerance
+            else:  # the limit below: could it truly meet the constraint, saving more energy than the tolerance?
+                pick = profiled[feasible]
+                saving = (pick.energy_per_step_J - p.energy_per_step_J) / pick.energy_per_step_J
+                energy_spread = sigma * math.sqrt(1.0 / p.window_count + 1.0 / pick.window_count)
+                doubt = over - CONFIDENCE_Z * spread < 0 and saving + CONFIDENCE_Z * energy_spread > self.tolerance
+            if doubt and self._can_repeat(p):
+                doubtful.append((p.window_count, limit != self._previous, -limit))  # ties: no warm-up first
+        return -min(doubtful)[2] if doubtful else None
 
     def fell_back(self, profiled: Mapping[int, LimitProfile | None]) -> bool:
         """True once the profiles break monotonic time (or, for cost selectors, mean power) beyond noise:
@@ -541,11 +588,13 @@ class AdaptiveSearch:
 
 def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                 noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
-                repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET):
+                repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET,
+                warmup_share: float = DEFAULT_WARMUP_SHARE):
     if name == "exhaustive":
         return ExhaustiveSweep(grid, objective)
     if name == "adaptive":
-        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget, settle_budget)
+        return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget, settle_budget,
+                              warmup_share)
     raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
 
 
