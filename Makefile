@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export CODECARBON_LOG_LEVEL ?= error
 
-.PHONY: venv demo test test-gpu bench clean
+.PHONY: venv demo test test-gpu bench bench-gpu clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,12 @@ BENCHMARKS := overhead baler_speed baler_stream precision prediction_error power
 
 bench: venv
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
+
+# on a CUDA machine: NVML's semantics (read-only), the precision modes and the overhead beside Zeus on the GPU
+bench-gpu: venv
+	$(PY) benchmarks/nvml_semantics.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/precision.py --out benchmarks/results/precision_gpu.json
+	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py --out benchmarks/results/overhead_gpu.json
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache

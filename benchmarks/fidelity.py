@@ -14,9 +14,11 @@ thread and no real time: every clock is simulated.
 - ``counter`` sensor (NVML ``nvmlDeviceGetTotalEnergyConsumption``-like): integrates the true trace and
   updates every 100 ms on its own schedule (phase 37 ms, ±0.5 ms jitter per update); a read returns the
   value of its latest update.
-- ``counter+power`` sensor (NVML on A100/H100): the counter above, and with each update the instant
-  power: the mean over the 25 ms before the update (the ~25 % of each 100 ms period the card's power
-  sensor observes), which the series uses to share each period's exact energy out around its marks.
+- ``counter+power`` sensor (NVML on A100/H100/H200): the counter above, and the instant power as measured on
+  an H200 (``benchmarks/nvml_semantics.py``): refreshed every 100 ms on its own schedule, 55 ms after the
+  counter's updates, holding the mean over the 25 ms ending 11 ms before each refresh (the ~25 % of each
+  100 ms the card's power sensor observes), which the series uses to share each period's exact energy out
+  around its marks.
 - Traces: constant 100 W; square waves alternating 50/150 W every step for steps of 20, 100, 300 and
   1000 ms (the power changes exactly at the step boundaries); the 300 ms square wave with its power
   redrawn every 10 ms within ±10 % of its level (noise the readings sample); a triangle ramp
@@ -76,7 +78,9 @@ TICK_LATENESS_S = 0.002  # each tick comes 0-2 ms late (its own cost, wake-up la
 COUNTER_PERIOD_S = 0.1  # NVML's energy counter
 COUNTER_PHASE_S = 0.037
 COUNTER_JITTER_S = 0.0005
-SHAPE_WINDOW_S = 0.025  # A100/H100: the power sensor observes ~25 ms of each 100 ms counter period
+SHAPE_WINDOW_S = 0.025  # A100/H100/H200: the power sensor observes ~25 ms of each 100 ms
+SHAPE_LAG_S = 0.011  # H200, measured: the window ends 11 ms before the instant field refreshes
+SHAPE_OFFSET_S = 0.055  # H200, measured 38-82 ms: the field refreshes this long after the counter updates
 WARMUP_S = 1.0
 EPOCH_S = 10.0
 GOAL_STEP_PCT = 5.0  # per-step error, for steps of at least two sampling intervals
@@ -163,10 +167,11 @@ class CounterSensor(Sensor):
 
 
 class ShapedCounterSensor(CounterSensor):
-    """NVML on A100/H100: the counter plus the instant-power field, the mean of the power over the
-    ``SHAPE_WINDOW_S`` the power sensor observes in each counter period, refreshed with each update."""
+    """NVML on A100/H100/H200: the counter plus the instant-power field, the mean of the power over the
+    ``SHAPE_WINDOW_S`` the power sensor observes, ending ``SHAPE_LAG_S`` before each of the field's refreshes."""
 
     shape_window_s = SHAPE_WINDOW_S
+    shape_lag_s = SHAPE_LAG_S
     shape_power_field = "power_W"
 
 
@@ -292,9 +297,10 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
         else:
             i = bisect.bisect_right(updates, t) - 1
             value = trace.energy(updates[i] - T0)
-            if sensor_kind == "counter+power":  # the window the power sensor observed before that update
-                u = updates[i] - T0
-                shape_w = (trace.energy(u) - trace.energy(u - SHAPE_WINDOW_S)) / SHAPE_WINDOW_S
+            if sensor_kind == "counter+power":  # the window of the field's latest refresh (its own schedule)
+                r = bisect.bisect_right(updates, t - SHAPE_OFFSET_S) - 1
+                end = updates[r] + SHAPE_OFFSET_S - SHAPE_LAG_S - T0
+                shape_w = (trace.energy(end) - trace.energy(end - SHAPE_WINDOW_S)) / SHAPE_WINDOW_S
         while next_mark < len(marks) and T0 + marks[next_mark] <= t:
             pending.append(marks[next_mark])
             pending_u.append(marks[next_mark])
@@ -620,9 +626,10 @@ def main(argv: list[str] | None = None) -> int:
         "the ±10 % noisy square wave: power readings are instantaneous samples of the noise (6 per 300 ms "
         "step), so its power-sensor step errors are mostly sampling noise that no placement of the change "
         "removes",
-        "counter+power: the counter of the counter rows plus the instant power of A100/H100 (the mean of the "
-        "25 ms before each update); on the exact 50 ms grid the update phase is known only within 50 ms, so "
-        "the windows cannot be placed (real reads jitter: the 50 ms + 0-2 ms rows)",
+        "counter+power: the counter of the counter rows plus the instant power as an H200 has it (refreshed "
+        "55 ms after each counter update, the mean of the 25 ms ending 11 ms before the refresh); on the exact "
+        "50 ms grid the refresh phase is known only within 50 ms, so the windows cannot be placed (real reads "
+        "jitter: the 50 ms + 0-2 ms rows)",
         "sampling limit: instantaneous readings of power that changes faster than the reads (20 ms steps, noise "
         "redrawn every 10 ms) alias: the rule's epoch error equals that of the best estimate from the same "
         "readings, and vanishes (steps) or shrinks (noise) at 10 ms reads. A sensor that reports the mean "

@@ -340,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     fits = stability(configs, args.repeats)
     measured = [r for r in results.values() if "skipped" not in r] + ([auto] if auto else []) + fits
     estimated = any(r["energy_estimated"] for r in measured)
-    label = "CPU estimate" if estimated else "measured"
+    # on a GPU the energy is NVML's (measured) plus the host's (a CPU estimate without RAPL): say both
+    label = ("measured" if not estimated else
+             "NVML GPU measured + CPU estimate" if device_type == "cuda" else "CPU estimate")
     if results or auto:
         print(format_table(results, auto, label), flush=True)
     print(f"pick stability (energy per step, {label}):\n" + format_stability(fits), flush=True)

@@ -13,12 +13,13 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
 - ``nvmlDeviceGetFieldValues``: per-field ``nvmlReturn``; ``NVML_FI_DEV_POWER_INSTANT`` and
   ``NVML_FI_DEV_POWER_AVERAGE`` (mW, ``value.uiVal``) where the driver has them, else the field reads
   ``NVML_ERROR_NOT_SUPPORTED`` while the call itself succeeds.
-- The power sensor of A100/H100 (``observed_window_s``, 25 ms) observes only the last 25 ms of each
-  100 ms counter period: the "instant" power (the instant field, and ``nvmlDeviceGetPowerUsage`` where
-  it is not an average) is the mean power over that window, refreshed at each counter update. With
-  ``observed_window_s=None`` (older parts) it is the power at the call. The counter integrates the
-  exact power (the documented preferred source); whether a card's counter also sees only the observed
-  windows is for a run on a real card to check.
+- The power sensor of A100/H100/H200 (``observed_window_s``, 25 ms) observes only 25 ms of each 100 ms, as
+  measured on an H200 (``benchmarks/nvml_semantics.py``): the "instant" power (the instant field, and
+  ``nvmlDeviceGetPowerUsage`` where it is not an average) is the mean power over the window that ends
+  ``instant_lag_s`` (11 ms) before each refresh; the field refreshes every 100 ms on its own schedule,
+  ``instant_phase_s`` (55 ms; 38-82 ms measured) after the counter's updates. With
+  ``observed_window_s=None`` (older parts) it is the power at the call. The counter integrates the exact
+  power: each update holds its whole period's energy (measured on the H200 too).
 - MIG: ``nvmlDeviceGetMigMode`` (``[current, pending]``; not supported before Ampere), MIG device
   handles and ``MIG-`` UUIDs; ``nvmlDeviceIsMigDeviceHandle`` returns a ``ctypes.c_uint`` as pynvml does.
 - ``nvmlInit``/``nvmlShutdown`` are reference counted; a device call with no ``nvmlInit`` outstanding
@@ -105,7 +106,9 @@ NVML_FEATURE_ENABLED = 1
 
 COUNTER_UPDATE_PERIOD_S = 0.1  # the energy counter advances every 100 ms
 POWER_AVERAGE_WINDOW_S = 1.0  # nvmlDeviceGetPowerUsage's averaging window on Ampere and newer
-OBSERVED_WINDOW_S = 0.025  # A100/H100: the power sensor observes the last 25 ms of each 100 ms period
+OBSERVED_WINDOW_S = 0.025  # A100/H100/H200: the power sensor observes 25 ms of each 100 ms
+INSTANT_LAG_S = 0.011  # H200, measured: the observed window ends 11 ms before the instant field refreshes
+INSTANT_PHASE_S = 0.055  # H200, measured 38-82 ms: the instant field refreshes this long after the counter
 MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount on an A100/H100
 
 
@@ -181,7 +184,9 @@ class FakeGpu:
     has_energy_counter: bool = True  # Volta and newer
     has_power_fields: bool = True  # a driver with NVML_FI_DEV_POWER_INSTANT / _AVERAGE
     power_usage_is_average: bool = True  # nvmlDeviceGetPowerUsage = 1-s average (Ampere+ except GA100)
-    observed_window_s: float | None = OBSERVED_WINDOW_S  # A100/H100: instant power = mean of the last 25 ms
+    observed_window_s: float | None = OBSERVED_WINDOW_S  # A100/H100/H200: instant power = mean of 25 ms
+    instant_lag_s: float = INSTANT_LAG_S  # that window ends this long before the field's refresh
+    instant_phase_s: float = INSTANT_PHASE_S  # the field refreshes this long after each counter update
     mig_uuids: tuple[str, ...] | None = None  # MIG mode on, with these instances; None: off
     has_pcie_counters: bool = False
     power_W: float = 100.0
@@ -314,12 +319,17 @@ class FakeNvml:
         return int(math.floor(self.energy_mJ(index, self.last_update_s()) + 1e-6))
 
     def _instant_mW(self, index: int) -> int:
-        """mW: the mean over the observed window before the latest update (the power now where the
-        GPU has no ``observed_window_s``, or before its first window)."""
+        """mW: the mean over the observed window of the field's latest refresh (every 100 ms, its own
+        ``instant_phase_s`` after the counter's; the window ends ``instant_lag_s`` before it), or the power
+        now where the GPU has no ``observed_window_s``, or before its first window."""
         gpu = self.gpus[index]
         window = gpu.observed_window_s
-        end = self.last_update_s()
-        if window is None or end - window < self.loaded_at_s:
+        if window is None:
+            return int(round(gpu.power_W * 1000))
+        first = self.loaded_at_s + gpu.instant_phase_s
+        refreshes = math.floor((self.clock() - first) / COUNTER_UPDATE_PERIOD_S + 1e-9)  # 1e-9: float noise
+        end = first + refreshes * COUNTER_UPDATE_PERIOD_S - gpu.instant_lag_s
+        if end - window < self.loaded_at_s:
             return int(round(gpu.power_W * 1000))
         return int(round((self.energy_mJ(index, end) - self.energy_mJ(index, end - window)) / window))
 

@@ -320,21 +320,22 @@ def test_measurement_detects_the_mapped_gpu_and_leaves_nvml_as_it_found_it(monke
 
 
 # ------------------------------------------------------------ counter + instant power (A100/H100)
-def test_h100_instant_power_is_the_mean_of_the_25_ms_observed_before_each_update(clock):
-    """The power sensor of A100/H100 observes only ~25 ms of each 100 ms period: a burst in the other
-    75 ms is not in the instant power (the counter has it), and the value changes only at updates."""
-    fake = FakeNvml(h100s(1, power_W=100.0), clock)  # loaded at 1000.0: updates at 1000.0 + 0.1 k
-    sensor = opened(fake)
-    for at, watts in [(1000.41, 400.0), (1000.46, 100.0), (1000.49, 300.0)]:  # the window is [1000.475, 1000.5]
+def test_the_instant_power_is_the_mean_of_25_ms_ending_12_ms_before_each_refresh_on_its_own_clock(clock):
+    """As measured on an H200: the power sensor observes only 25 ms of each 100 ms, ending 11 ms before the
+    instant field refreshes, every 100 ms, 55 ms after each counter update: a burst outside that window is
+    not in the instant power (the counter has it), and the value changes only at the field's refreshes."""
+    fake = FakeNvml(h100s(1, power_W=100.0), clock)  # loaded at 1000.0: counter updates at 1000.0 + 0.1 k
+    sensor = opened(fake)  # instant refreshes at 1000.055 + 0.1 k; the one at 1000.555 sees [1000.519, 1000.544]
+    for at, watts in [(1000.41, 400.0), (1000.50, 100.0), (1000.53, 300.0)]:
         clock.t = at
         fake.set_power(0, watts)
-    clock.t = 1000.52
-    assert sensor.power_w() == pytest.approx((0.015 * 100.0 + 0.010 * 300.0) / 0.025, abs=1e-3)  # 180 W
-    assert sensor.read_fields()["power_W"] == pytest.approx(180.0, abs=1e-3)
+    clock.t = 1000.556
+    assert sensor.power_w() == pytest.approx((0.011 * 100.0 + 0.014 * 300.0) / 0.025, abs=1e-3)  # 212 W
+    assert sensor.read_fields()["power_W"] == pytest.approx(212.0, abs=1e-3)
     assert sensor.energy_j() == pytest.approx(fake.energy_mJ(0, 1000.5) / 1000.0, abs=1e-3)  # the burst counted
-    clock.t = 1000.599
-    assert sensor.power_w() == pytest.approx(180.0, abs=1e-3)  # refreshed only with the next update
-    clock.t = 1000.61
+    clock.t = 1000.654
+    assert sensor.power_w() == pytest.approx(212.0, abs=1e-3)  # not refreshed by the counter's update at 1000.6
+    clock.t = 1000.656
     assert sensor.power_w() == pytest.approx(300.0, abs=1e-3)
 
 
@@ -343,7 +344,8 @@ def test_the_counter_is_shaped_by_the_instant_power_where_the_card_observes_wind
     overrides = {} if architecture is None else {"architecture": architecture}
     sensor = opened(FakeNvml(h100s(1, **overrides), clock))
     assert sensor.kind == "energy"
-    assert (sensor.shape_power_field, sensor.shape_window_s) == (("power_W", 0.025) if shaped else (None, None))
+    assert (sensor.shape_power_field, sensor.shape_window_s, sensor.shape_lag_s) == (
+        ("power_W", 0.025, 0.011) if shaped else (None, None, None))
     no_field = opened(FakeNvml(h100s(1, has_power_fields=False), clock))  # only the 1-s average: no shape
     assert no_field.shape_power_field is None
 
@@ -362,11 +364,13 @@ def test_100_ms_steps_on_an_h100_counter_are_attributed_through_the_sampler(cloc
     meter = Meter(sampler, names)
     meter.clock.record = clock
     sampler.add_meter(meter)
-    step_times = [1004.0437 + 0.1 * k for k in range(31)]  # from 4 s: the counter's phase is pinned by then
+    step_times = [1004.0437 + 0.1 * k for k in range(31)]  # from 4 s: both phases are pinned by then
     next_tick, marks = clock() + 0.05, []
     for at in [*step_times, step_times[-1] + 1.0]:
         while next_tick < at:  # ticks every 50 ms plus 0-2 ms, then the boundary
             clock.t = next_tick
+            if not marks:  # an idle card's power wanders by a watt or so: the instant field changes
+                fake.set_power(0, 50.0 + rng.uniform(-1.0, 1.0))
             sampler.sample_once()
             next_tick += 0.05 + rng.uniform(0.0, 0.002)
         clock.t = at

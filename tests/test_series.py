@@ -97,6 +97,20 @@ def nearest(values: list[float], t: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------- counter phase
+def test_a_read_that_takes_milliseconds_places_updates_by_when_it_returned():
+    """An H200's counter read takes 2.4 ms and may show an update that happened during the read. Told when
+    each read returned, the series places the updates within 1 ms (timed only by when each read began, its
+    estimate sat 2.0 ms early here)."""
+    latency = 0.0024
+    updates = schedule()
+    counter = Counter(Trace([(-1.0, 100.0)]), updates)
+    series = SensorSeries(CounterSensor())
+    for t in drifting_reads(160):
+        series.add_reading(t, counter.read(t + latency), read_end_s=t + latency)
+    error = (series.phase.center_s - PHASE - T0 + PERIOD / 2) % PERIOD - PERIOD / 2
+    assert series.phase.pinned and abs(error) < 0.001
+
+
 def test_counter_updates_are_placed_at_their_update_times():
     trace = Trace([(-1.0, 100.0), (4.237, 300.0), (4.537, 50.0), (4.837, 200.0)])  # changes at updates
     updates = schedule()
@@ -708,49 +722,68 @@ def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(man
 
 # ------------------------------------------------------------ a counter shaped by its power readings
 class ShapedCounterSensor(CounterSensor):
-    """NVML on A100/H100: the counter, and the instant power: the mean over the 25 ms before each update."""
+    """NVML on A100/H100/H200: the counter, and the instant power: the mean over 25 ms ending ``lag`` before
+    each refresh of the reading (every period, on its own schedule)."""
 
     shape_window_s = 0.025
     shape_power_field = "power_W"
 
+    def __init__(self, lag: float = 0.0) -> None:
+        super().__init__()
+        self.shape_lag_s = lag
+
+
+def idle_then_square(marks: list[float], rng: random.Random) -> Trace:
+    """An idle card's power wandering by a watt every 30 ms (so its power reading changes at every refresh,
+    as a real one does), then :func:`square_at_marks`."""
+    wander = [(-1.0 + 0.03 * k, 50.0 + rng.uniform(-1.0, 1.0)) for k in range(int((marks[0] + 1.0) / 0.03))]
+    return Trace(wander + [(m, 150.0 if k % 2 == 0 else 50.0) for k, m in enumerate(marks)])
+
 
 def feed_shaped(series: SensorSeries, trace: Trace, counter: Counter, reads: list[float], marks: list[float],
-                resolved: dict[float, float]) -> None:
-    """Feed as the sampler does (pending marks up to each read, the window of the latest update with the
-    counter) and record each mark's figure when it resolves, as the Meter does."""
+                resolved: dict[float, float], offset: float = 0.0, lag: float = 0.0) -> None:
+    """Feed as the sampler does (pending marks up to each read, the power reading with every read) and
+    record each mark's figure when it resolves, as the Meter does. The power reading refreshes ``offset``
+    after each counter update and holds the mean over the 25 ms ending ``lag`` before its refresh (an H200:
+    55 and 11 ms; 0 and 0 would be a reading refreshed with the counter over the 25 ms before it)."""
     pending, upcoming = [], sorted(marks)
     window = ShapedCounterSensor.shape_window_s
+    refreshes = [u + offset for u in counter.updates]
     for t in reads:
         while upcoming and upcoming[0] <= t:
             pending.append(upcoming.pop(0))
-        u = counter.updates[bisect.bisect_right(counter.updates, t) - 1]
+        end = refreshes[bisect.bisect_right(refreshes, t) - 1] - lag
         series.add_reading(t, counter.read(t), breakpoints=list(pending),
-                           shape_w=(trace.energy(u) - trace.energy(u - window)) / window)
+                           shape_w=(trace.energy(end) - trace.energy(end - window)) / window)
         while pending and series.covers(pending[0]):
             m = pending.pop(0)
             resolved[m] = series.energy_at(m)
 
 
+@pytest.mark.parametrize("offset, lag", [(0.0, 0.0), (0.055, 0.011)], ids=["with the counter", "H200"])
 @pytest.mark.parametrize("step_s", [0.1, 0.15, 0.3])
-def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_period(step_s):
+def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_period(step_s, offset, lag):
     """100 ms steps on a 100 ms counter: every period holds a boundary, so the counter alone cannot say
     where in it the work changed (the neighbour rule leaves such periods linear: ~60 % off per step). The
-    power read with each update (the mean of the 25 ms before it) says which power held on which side;
-    each period's exact energy is shared out by it, so the counter's figures at its updates stay exact."""
+    power reading (the mean of 25 ms, refreshed every 100 ms on its own schedule: on an H200 55 ms after
+    the counter, ending 11 ms before the refresh) says which power held on which side; each period's exact
+    energy is shared out by it, so the counter's figures at its updates stay exact. Placing the H200's
+    windows at the counter's updates instead (the rule before) put the steps 111 % off (median)."""
     rng = random.Random(7)
-    rel_marks = [3.0213 + k * step_s for k in range(int(3.0 / step_s))]  # the phase is pinned to ~3 ms by 3 s
-    trace = square_at_marks(rel_marks)
+    rel_marks = [3.0213 + k * step_s for k in range(int(3.0 / step_s))]  # the phases are pinned to ~3 ms by 3 s
+    trace = idle_then_square(rel_marks, rng)
     updates = [u + rng.uniform(-0.0005, 0.0005) for u in schedule()]
     counter = Counter(trace, updates)
     marks = [T0 + m for m in rel_marks]
     resolved: dict[float, float] = {}
-    series = SensorSeries(ShapedCounterSensor())
+    series = SensorSeries(ShapedCounterSensor(lag))
     reads, t = [], T0
     while t < T0 + 6.5:  # every 50 ms plus 0-2 ms (a tick's cost, wake-up lateness): the phase gets pinned
         reads.append(t)
         t += 0.05 + rng.uniform(0.0, 0.002)
-    feed_shaped(series, trace, counter, reads, marks, resolved)
-    assert series.phase.pinned and all(m in resolved for m in marks)
+    feed_shaped(series, trace, counter, reads, marks, resolved, offset, lag)
+    assert series.phase.pinned and series.shape_phase.pinned and all(m in resolved for m in marks)
+    assert (series.shape_phase.center_s - updates[0] - offset + 0.05) % 0.1 - 0.05 == pytest.approx(0.0, abs=0.004)
     errors = []
     for a, b in zip(marks, marks[1:]):
         if b in resolved:

@@ -293,9 +293,10 @@ class Sampler:
             self._reading = (generation, series, time.perf_counter())
             try:
                 value = sensor.energy_j() if series.kind == "energy" else sensor.power_w()
-                values.append((series, float(value), sensor.read_fields(), None))
+                fields = sensor.read_fields()
+                values.append((series, float(value), fields, None, self.clock()))  # a read can take ms (NVML)
             except Exception as err:  # a broken sensor never stops sampling or training
-                values.append((series, math.nan, {}, f"{type(err).__name__}: {err}"))
+                values.append((series, math.nan, {}, f"{type(err).__name__}: {err}", None))
             finally:
                 self._reading = None
             if generation != self._generation:
@@ -305,12 +306,13 @@ class Sampler:
                 return
             readings = []
             breakpoints = self._breakpoints(t)
-            for series, value, fields, error in values:
+            for series, value, fields, error, read_end in values:
                 if error is None:
                     try:
                         shape = getattr(series.sensor, "shape_power_field", None)  # counter + power reading
                         series.add_reading(t, value, breakpoints.get(series.name, ()),
-                                           shape_w=fields.get(shape) if shape is not None else None)
+                                           shape_w=fields.get(shape) if shape is not None else None,
+                                           read_end_s=read_end)
                         series.fields = fields
                     except Exception as err:  # a non-finite value, a counter going backwards, ...
                         error = f"{type(err).__name__}: {err}"

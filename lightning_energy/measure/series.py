@@ -66,18 +66,26 @@ counter period (counters) at the marks inside it rather than spreading it evenly
   there is no ramp test, as a slope drawn from period averages is too noisy (tried: it cost more on noisy
   steps than it saved on ramps).
 
-- Counters with a power reading (NVML on A100/H100: ``shape_window_s``, see :func:`shape_window_s`):
-  with each update the sampler passes the power read along with the counter, the mean over the
-  ``shape_window_s`` (25 ms) before the update, placed with the update. Every period that holds marks
-  then waits for the update after it and is shared out by :func:`segment_powers`: one power per
-  segment between marks over the periods before, of and after it, fitted (least squares) to those
-  periods' exact energies and to their windows' powers; the period's own exact energy is then shared
-  out in proportion to the fitted segments (energy-conserving: every counter update keeps its value,
-  so epochs stay counter-exact). With more segments than readings (steps shorter than about a third
-  of a period) nothing tells the segments apart and the neighbour rule above applies. The figure's
-  accuracy follows the update placement (the phase estimate: ±3 ms at 20 Hz reads with a little
-  jitter): about 0.4 % median, 2 % p95 on 100 ms steps (``benchmarks/fidelity.py``); the bound stays
-  the counter's (it does not rely on this rule).
+- Counters with a power reading (NVML on A100/H100/H200: ``shape_window_s``, see :func:`shape_window_s`):
+  the sampler passes the power field with every reading. The field refreshes on a clock of its own
+  (measured on an H200, ``benchmarks/nvml_semantics.py``: every 100.0 ms, 38 to 82 ms after the counter's
+  updates in four runs, not with them) and holds the mean power over ``shape_window_s`` (25 ms) ending
+  ``shape_lag_s`` (12 ms) before its refresh. The series pins the field's refresh phase down from the reads
+  that see it change (:class:`CounterPhase`, as for the counter) and places each window on it; until then
+  it places none. Every period that holds marks then waits for the update after it and is shared out by
+  :func:`segment_powers`: one power per segment between marks over the periods before, of and after it,
+  fitted (least squares) to those periods' exact energies and to their windows' powers; the period's own
+  exact energy is then shared out in proportion to the fitted segments (energy-conserving: every counter
+  update keeps its value, so epochs stay counter-exact). With more segments than readings (steps shorter
+  than about a third of a period) nothing tells the segments apart and the neighbour rule above applies.
+  The figure's accuracy follows the placement of updates and windows (the phase estimates: ±3 ms at 20 Hz
+  reads with a little jitter): about 0.3 % median, 1.4 % p95 on 100 ms steps (``benchmarks/fidelity.py``);
+  the bound stays the counter's (it does not rely on this rule). A window that holds a mark mixes the two
+  segments by where it is placed; steps locked to the readings' schedule so that every window holds a mark
+  at the same place (steps of exactly one period) leave the windows saying little more than the periods,
+  and a few ms of placement then move the figures: on a fake H200 with 100 ms steps, over 19 phases of the
+  readings against the marks, the median step error is ≤ 0.4 % at 14 phases and 1.5-15 % at the other 5
+  (the windows placed at the counter's updates instead: up to 111 %).
 
 The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once the points around ``t`` are final: a
 point at or after ``t`` exists and, for a counter, ``t`` is not in a period still waiting for the update
@@ -227,21 +235,29 @@ class CounterPhase:
 
 SHAPE_WINDOWS_KEPT = 8  # power-reading windows kept (the rule looks at three counter periods)
 SHAPE_PRIOR_WEIGHT = 0.05  # pull of each segment's power towards its counter period's mean (W per W)
+SHAPE_PLACEMENT_S = 0.010  # windows are placed once the reading's refresh phase is known within ±10 ms
 
 
 def shape_window_s(sensor: Sensor) -> float | None:
-    """Window (s) over which a counter sensor's power reading averages, ending at the counter's update.
+    """Length (s) of the window over which a counter sensor's power reading averages.
 
     A sensor opts in with the attribute ``shape_window_s`` (and ``shape_power_field``, the key of
-    :meth:`Sensor.read_fields` holding that power in W, which the sampler passes with each reading):
-    NVML's instant power on A100/H100 is the mean over the ~25 ms the power sensor observes in each
-    100 ms counter period. None for other sensors.
+    :meth:`Sensor.read_fields` holding that power in W, which the sampler passes with each reading; and
+    ``shape_lag_s``, see :func:`shape_lag_s`): NVML's instant power on A100/H100/H200 is the mean over the
+    ~25 ms the power sensor observes in each 100 ms. The field refreshes every ``counter_update_period_s``
+    on its own schedule. None for other sensors.
     """
     window = getattr(sensor, "shape_window_s", None)
     if window is None or getattr(sensor, "counter_update_period_s", None) is None:
         return None
     window = float(window)
     return window if window >= 0.0 else None
+
+
+def shape_lag_s(sensor: Sensor) -> float:
+    """How long (s) before each refresh of the power reading its window ends (``shape_lag_s``, default 0)."""
+    lag = float(getattr(sensor, "shape_lag_s", 0.0) or 0.0)
+    return lag if lag >= 0.0 else 0.0
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -352,8 +368,11 @@ class SensorSeries:
         self._breaks: list[float] = []
         self._waiting = False
         # counters with a shape reading (see "Counters with a power reading"): (start s, end s, W) of the
-        # windows the power readings averaged, one per counter update, the latest last
+        # windows the power readings averaged, one per refresh of the reading, the latest last; the phase of
+        # those refreshes and the last reading seen
         self._windows: deque[tuple[float, float, float]] = deque(maxlen=SHAPE_WINDOWS_KEPT)
+        self.shape_phase: CounterPhase | None = None
+        self._last_shape_w: float | None = None
         self._previous: tuple[float, float, bool] | None = None  # power: (t, P) read before the last, marked
         self._power_range = (math.inf, -math.inf)  # power sensors: the lowest and highest reading so far, W
 
@@ -394,7 +413,8 @@ class SensorSeries:
         self._over.append(over)
         self._under.append(under)
 
-    def add_reading(self, t: float, value: float, breakpoints=(), shape_w: float | None = None) -> None:
+    def add_reading(self, t: float, value: float, breakpoints=(), shape_w: float | None = None,
+                    read_end_s: float | None = None) -> None:
         """Add one reading taken at time ``t``: joules for counters, watts for power sensors.
 
         ``breakpoints``: times (s, any order) of the marks not resolved yet, up to ``t``: where the work,
@@ -403,10 +423,16 @@ class SensorSeries:
         the midpoint (power) or linear (counter) rule.
 
         ``shape_w``: for a counter whose sensor has ``shape_window_s`` (see :func:`shape_window_s`), the
-        power (W) read along with the counter: the mean over the ``shape_window_s`` before the counter's
-        latest update. Used only when this reading saw the counter move; ignored otherwise.
+        power reading (W) read along with the counter: the mean over the window that ends ``shape_lag_s``
+        before the reading's latest refresh (refreshes are seen as changes of the value; see "Counters
+        with a power reading").
+
+        ``read_end_s``: when the sensor's read (with its fields) returned, if later than ``t`` (an H200's
+        counter read takes 2.4 ms): a counter update or a refresh this reading shows happened by then, one
+        the previous reading did not show after that reading's ``t``.
         """
         previous_read_t, self._last_read_t = self._last_read_t, t
+        seen_by = t if read_end_s is None else max(t, read_end_s)
         self.trace_energy_J = math.nan
         if not math.isfinite(value):
             raise ValueError(f"sensor returned a non-finite value: {value!r}")
@@ -422,6 +448,8 @@ class SensorSeries:
         period = self.sensor.counter_update_period_s
         if period is not None and not period > 0:
             period = None
+        if period is not None and shape_w is not None and math.isfinite(shape_w):
+            self._add_shape_reading(previous_read_t, seen_by, float(shape_w), period)
         if not self.times:
             # the value is that of the counter's last update, some time within the period before t
             self._append(t, value, t - period if period else t, t)
@@ -437,21 +465,39 @@ class SensorSeries:
         if self.phase is None or self.phase.period_s != period:
             self.phase = CounterPhase(period)
         if value != self.energies[-1]:
-            if previous_read_t < t:
-                self.phase.add_update(previous_read_t, t)
-            u, early, late = self._place_update(previous_read_t, t, period)
+            if previous_read_t < seen_by:
+                self.phase.add_update(previous_read_t, seen_by)
+            u, early, late = self._place_update(previous_read_t, seen_by, period)
         elif t - self.times[-1] >= STALE_COUNTER_PERIODS * period:
             u, early, late = self._place_stale(t, period)
         else:
             return
         dt = u - self.times[-1]
         self.power_w = (value - self.energies[-1]) / dt if dt > 0 else self.power_w
-        window = shape_window_s(self.sensor)
-        if window is not None and value != self.energies[-1] and shape_w is not None and math.isfinite(shape_w):
-            self._windows.append((u - window, u, max(float(shape_w), 0.0)))
         self._append(u, value, early, late)
         self._counter_point_added()
         self.trace_energy_J = value
+
+    def _add_shape_reading(self, lo: float, hi: float, power_w: float, period: float) -> None:
+        """A power reading read at ``hi`` (previous read at ``lo``): a changed value is a refresh in
+        ``(lo, hi]``; it pins the refresh phase down and, once pinned, adds its window."""
+        window = shape_window_s(self.sensor)
+        last, self._last_shape_w = self._last_shape_w, power_w
+        if window is None or last is None or power_w == last or not math.isfinite(lo) or not lo < hi:
+            return  # no refresh seen (or one that kept the value)
+        if self.shape_phase is None or self.shape_phase.period_s != period:
+            self.shape_phase = CounterPhase(period)
+        phase = self.shape_phase
+        phase.add_update(lo, hi)
+        w = phase.window_s()
+        if not phase.pinned or w > SHAPE_PLACEMENT_S:
+            return  # the refresh could lie anywhere in (lo, hi], or too wide a span: no window placed yet
+        expected = phase.expected_update(hi)
+        for refresh in (expected, expected - period, expected + period):
+            if lo - w < refresh <= hi + w:  # the scheduled refresh this read saw
+                end = min(max(refresh, lo), hi) - shape_lag_s(self.sensor)
+                self._windows.append((end - window, end, max(power_w, 0.0)))
+                return
 
     # --- power sensors: zero-order hold, the change at the marks (mid-interval without one, or on a ramp) ---
     def _add_power(self, t: float, value: float, breakpoints) -> None:
