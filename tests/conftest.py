@@ -13,21 +13,8 @@ import pytest
 import torch
 from torch import nn
 
+from fakes_nvml import FakeClock  # noqa: F401 - the clock the fakes run on, imported by tests from here
 from lightning_energy.measure.sampler import Sampler
-
-
-class FakeClock:
-    """A clock the test advances by hand (seconds)."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> float:
-        self.t += seconds
-        return self.t
 
 
 @pytest.fixture

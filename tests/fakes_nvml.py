@@ -550,6 +550,52 @@ for _name, _value in list(globals().items()):
         setattr(FakeNvml, _name, _value)
 
 
+class FakeClock:
+    """A clock the test advances by hand (seconds); the fakes' slow calls advance it (``advance``)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> float:
+        self.t += seconds
+        return self.t
+
+
+def alternating_steps_through_the_sampler(fake: FakeNvml, clock: FakeClock, boundaries: list[float], rng,
+                                          counter_read_s: float = 0.0) -> list:
+    """Drive the real ``Sampler`` (no thread: ticks every 50 ms + 0-2 ms on ``clock``) and a ``Meter`` over
+    GPU 0 of ``fake``: idle until the first of ``boundaries`` (the power wandering by a watt, as an idle
+    card's does), then 150 W and 50 W in turn from each boundary, a mark at each; each counter read takes
+    ``counter_read_s``. Returns the marks, resolved."""
+    from lightning_energy.measure.meter import Meter
+    from lightning_energy.measure.sampler import Sampler
+    from lightning_energy.measure.sensors.nvml import NvmlGpuSensor
+
+    fake.latency_s["nvmlDeviceGetTotalEnergyConsumption"] = counter_read_s
+    sampler = Sampler(clock=clock)
+    names = sampler.acquire("steps", [NvmlGpuSensor(0, pynvml_module=fake)], interval_s=0.05, start_thread=False)
+    meter = Meter(sampler, names)
+    meter.clock.record = clock
+    sampler.add_meter(meter)
+    next_tick, marks = clock() + 0.05, []
+    for at in [*boundaries, boundaries[-1] + 1.0]:
+        while next_tick + counter_read_s < at:  # each tick done by the boundary
+            clock.t = next_tick
+            if not marks:
+                fake.set_power(0, 50.0 + rng.uniform(-1.0, 1.0))
+            sampler.sample_once()
+            next_tick += 0.05 + rng.uniform(0.0, 0.002)
+        clock.t = at
+        if at in boundaries:
+            fake.set_power(0, 150.0 if len(marks) % 2 == 0 else 50.0)
+            marks.append(meter.mark())
+    sampler.release("steps")
+    return marks
+
+
 def h100s(count: int = 2, **overrides) -> list[FakeGpu]:
     """``count`` identical Hopper GPUs with distinct UUIDs ``GPU-0000000<i>-...``."""
     return [FakeGpu(uuid=f"GPU-{i:08x}-1111-2222-3333-444444444444", **overrides) for i in range(count)]

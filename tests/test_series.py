@@ -760,6 +760,33 @@ def feed_shaped(series: SensorSeries, trace: Trace, counter: Counter, reads: lis
             resolved[m] = series.energy_at(m)
 
 
+def shaped_run(rel_marks: list[float], rng: random.Random, offset: float, lag: float):
+    """Idle, then 150/50 W in turn from each of ``rel_marks``; a counter updating every 100 ms (±0.5 ms); reads
+    every 50 ms plus 0-2 ms (a tick's cost, wake-up lateness) for 6.5 s, fed by :func:`feed_shaped`. Returns
+    the series, the trace, the counter's updates, the marks and their figures."""
+    trace = idle_then_square(rel_marks, rng)
+    updates = [u + rng.uniform(-0.0005, 0.0005) for u in schedule()]
+    marks = [T0 + m for m in rel_marks]
+    resolved: dict[float, float] = {}
+    series = SensorSeries(ShapedCounterSensor(lag))
+    reads, t = [], T0
+    while t < T0 + 6.5:
+        reads.append(t)
+        t += 0.05 + rng.uniform(0.0, 0.002)
+    feed_shaped(series, trace, Counter(trace, updates), reads, marks, resolved, offset, lag)
+    return series, trace, updates, marks, resolved
+
+
+def step_errors(trace: Trace, marks: list[float], resolved: dict[float, float]) -> list[float]:
+    """Relative error of each step between consecutive resolved marks."""
+    errors = []
+    for a, b in zip(marks, marks[1:]):
+        if a in resolved and b in resolved:
+            exact = trace.energy(b) - trace.energy(a)
+            errors.append(abs(resolved[b] - resolved[a] - exact) / exact)
+    return errors
+
+
 @pytest.mark.parametrize("offset, lag", [(0.0, 0.0), (0.055, 0.011)], ids=["with the counter", "H200"])
 @pytest.mark.parametrize("step_s", [0.1, 0.15, 0.3])
 def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_period(step_s, offset, lag):
@@ -769,26 +796,11 @@ def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_pe
     the counter, ending 11 ms before the refresh) says which power held on which side; each period's exact
     energy is shared out by it, so the counter's figures at its updates stay exact. Placing the H200's
     windows at the counter's updates instead (the rule before) put the steps 111 % off (median)."""
-    rng = random.Random(7)
     rel_marks = [3.0213 + k * step_s for k in range(int(3.0 / step_s))]  # the phases are pinned to ~3 ms by 3 s
-    trace = idle_then_square(rel_marks, rng)
-    updates = [u + rng.uniform(-0.0005, 0.0005) for u in schedule()]
-    counter = Counter(trace, updates)
-    marks = [T0 + m for m in rel_marks]
-    resolved: dict[float, float] = {}
-    series = SensorSeries(ShapedCounterSensor(lag))
-    reads, t = [], T0
-    while t < T0 + 6.5:  # every 50 ms plus 0-2 ms (a tick's cost, wake-up lateness): the phase gets pinned
-        reads.append(t)
-        t += 0.05 + rng.uniform(0.0, 0.002)
-    feed_shaped(series, trace, counter, reads, marks, resolved, offset, lag)
+    series, trace, updates, marks, resolved = shaped_run(rel_marks, random.Random(7), offset, lag)
     assert series.phase.pinned and series.shape_phase.pinned and all(m in resolved for m in marks)
     assert (series.shape_phase.center_s - updates[0] - offset + 0.05) % 0.1 - 0.05 == pytest.approx(0.0, abs=0.004)
-    errors = []
-    for a, b in zip(marks, marks[1:]):
-        if b in resolved:
-            exact = trace.energy(b) - trace.energy(a)
-            errors.append(abs(resolved[b] - resolved[a] - exact) / exact)
+    errors = step_errors(trace, marks, resolved)
     # within the update placement: ±3 ms of a 100 W swing at each edge of a 5-15 J step
     assert statistics.median(errors) < 0.01 and max(errors) < 0.05, (statistics.median(errors), max(errors))
     # energy-conserving: every counter update keeps its value (the points added at the marks lie between)
@@ -797,6 +809,25 @@ def test_a_counter_shaped_by_its_power_windows_attributes_steps_of_one_update_pe
     for i in real:
         assert series.energies[i] == pytest.approx(trace.energy(nearest(updates, series.times[i])), abs=1e-9)
     assert all(b >= a for a, b in zip(series.energies, series.energies[1:]))
+
+
+@pytest.mark.parametrize("offset, lag", [(0.0, 0.0), (0.055, 0.011)], ids=["with the counter", "H200"])
+def test_a_period_holding_two_marks_shares_its_energy_among_three_segments(offset, lag):
+    """Steps of 70-130 ms: some counter periods hold two marks (a whole step under 100 ms and the edges of
+    its neighbours). Each inserted point must take its own share of the period's energy; the rule
+    before gave the second point the first one's figure (its clamp read a shifted index), so one step read
+    0 J and the next took its energy (a 0 %/285 % pair in every such period)."""
+    rng = random.Random(11)
+    rel_marks, t = [], 3.0213
+    while t < 6.0:
+        rel_marks.append(t)
+        t += rng.uniform(0.07, 0.13)
+    series, trace, updates, marks, resolved = shaped_run(rel_marks, rng, offset, lag)
+    periods_with_two = sum(sum(u < m < u + PERIOD for m in marks) == 2 for u in updates)
+    assert periods_with_two >= 3
+    errors = step_errors(trace, marks[5:], resolved)
+    assert len(errors) > 20 and statistics.median(errors) < 0.01 and max(errors) < 0.2, (
+        statistics.median(errors), max(errors))
 
 
 def test_a_shaped_counter_with_more_segments_than_readings_stays_linear():
