@@ -320,8 +320,9 @@ class FakeNvml:
 
     def _instant_mW(self, index: int) -> int:
         """mW: the mean over the observed window of the field's latest refresh (every 100 ms, its own
-        ``instant_phase_s`` after the counter's; the window ends ``instant_lag_s`` before it), or the power
-        now where the GPU has no ``observed_window_s``, or before its first window."""
+        ``instant_phase_s`` after the counter's; the window ends ``instant_lag_s`` before it); the power now
+        where the GPU has no ``observed_window_s``; before the first full window, the power drawn when the
+        driver loaded (the field changes only at its refreshes)."""
         gpu = self.gpus[index]
         window = gpu.observed_window_s
         if window is None:
@@ -330,7 +331,7 @@ class FakeNvml:
         refreshes = math.floor((self.clock() - first) / COUNTER_UPDATE_PERIOD_S + 1e-9)  # 1e-9: float noise
         end = first + refreshes * COUNTER_UPDATE_PERIOD_S - gpu.instant_lag_s
         if end - window < self.loaded_at_s:
-            return int(round(gpu.power_W * 1000))
+            return int(round(gpu._segments[0][1] * 1000))
         return int(round((self.energy_mJ(index, end) - self.energy_mJ(index, end - window)) / window))
 
     def _average_mW(self, index: int) -> int:

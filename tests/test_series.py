@@ -830,6 +830,19 @@ def test_a_period_holding_two_marks_shares_its_energy_among_three_segments(offse
         statistics.median(errors), max(errors))
 
 
+def test_a_power_reading_that_keeps_its_value_across_a_scheduled_refresh_still_places_its_window():
+    """Once the reading's schedule is pinned, a refresh that keeps the value (an idle card's power held to the
+    mW, or two windows inside one step) is still a window, one per period. Without it a stretch of short steps
+    lost its windows and fell back to the neighbour rule (a 50 W step read 100 % off in
+    ``benchmarks/shaping_phases.py``)."""
+    rel_marks = [3.0213 + 0.3 * k for k in range(10)]  # 300 ms steps: consecutive windows in one step read alike
+    series, trace, updates, marks, resolved = shaped_run(rel_marks, random.Random(5), 0.055, 0.011)
+    ends = [end for _, end, _, in series._windows]  # the latest SHAPE_WINDOWS_KEPT, in the flat last second
+    assert len(ends) == series_module.SHAPE_WINDOWS_KEPT
+    assert all(b - a == pytest.approx(PERIOD, abs=0.01) for a, b in zip(ends, ends[1:]))
+    assert (ends[-1] + 0.011 - updates[0] - 0.055 + 0.05) % PERIOD - 0.05 == pytest.approx(0.0, abs=0.01)
+
+
 def test_a_shaped_counter_with_more_segments_than_readings_stays_linear():
     """20 ms steps: five segments per period and one power window: nothing tells them apart, so the
     period is shared out linearly (as without the power readings), never by a guess."""

@@ -85,10 +85,10 @@ counter period (counters) at the marks inside it rather than spreading it evenly
   at the same place (steps of exactly one period) leave the windows saying little more than the periods,
   and a few ms of placement then move the figures. On a fake H200 (``benchmarks/shaping_phases.py``, 19
   phases of the readings against the marks) the median step error is 0.2-0.3 % over the phases for exact
-  100 ms steps but 15 % (32 % with 2.4 ms counter reads) at the worst phase, and 0.4-0.8 % (at most 1.5 %
-  per phase) for steps of 70-130 ms, whose phases wander as real steps' do; single steps can still be far
-  off (the largest per run: 15-22 %, median over runs). Windows placed at the counter's updates instead
-  (the rule before): 19-46 % median.
+  100 ms steps but 15 % (32 % with 2.4 ms counter reads) at the worst phase, and 0.4-0.7 % (at most 1.2 %
+  per phase) for steps of 70-130 ms, whose phases wander as real steps' do; single steps can still be off
+  (the largest per run: 10-15 %, median over runs; 34 % at worst). Windows placed at the counter's updates
+  instead (the rule before): 19-46 % median.
 
 The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once the points around ``t`` are final: a
 point at or after ``t`` exists and, for a counter, ``t`` is not in a period still waiting for the update
@@ -482,22 +482,26 @@ class SensorSeries:
         self.trace_energy_J = value
 
     def _add_shape_reading(self, lo: float, hi: float, power_w: float, period: float) -> None:
-        """A power reading read at ``hi`` (previous read at ``lo``): a changed value is a refresh in
-        ``(lo, hi]``; it pins the refresh phase down and, once pinned, adds its window."""
+        """A power reading read by ``hi`` (previous read at ``lo``): a changed value is a refresh in
+        ``(lo, hi]``; it pins the refresh phase down and, once pinned, adds its window. Once pinned, an
+        unchanged value across a refresh surely inside ``(lo, hi]`` is that refresh keeping the value (the
+        field refreshes every period: measured on an H200), and adds its window too."""
         window = shape_window_s(self.sensor)
         last, self._last_shape_w = self._last_shape_w, power_w
-        if window is None or last is None or power_w == last or not math.isfinite(lo) or not lo < hi:
-            return  # no refresh seen (or one that kept the value)
+        if window is None or last is None or not math.isfinite(lo) or not lo < hi:
+            return
         if self.shape_phase is None or self.shape_phase.period_s != period:
             self.shape_phase = CounterPhase(period)
-        phase = self.shape_phase
-        phase.add_update(lo, hi)
-        w = phase.window_s()
-        if not phase.pinned or w > SHAPE_PLACEMENT_S:
+        phase, changed = self.shape_phase, power_w != last
+        if changed:
+            phase.add_update(lo, hi)
+        w = phase.window_s() if phase.pinned else math.inf
+        if w > SHAPE_PLACEMENT_S:
             return  # the refresh could lie anywhere in (lo, hi], or too wide a span: no window placed yet
         expected = phase.expected_update(hi)
         for refresh in (expected, expected - period, expected + period):
-            if lo - w < refresh <= hi + w:  # the scheduled refresh this read saw
+            # the scheduled refresh this read saw; unchanged, only one that surely fell inside (lo, hi]
+            if (lo - w < refresh <= hi + w) if changed else (lo + w < refresh <= hi - w):
                 end = min(max(refresh, lo), hi) - shape_lag_s(self.sensor)
                 self._windows.append((end - window, end, max(power_w, 0.0)))
                 return
