@@ -69,8 +69,8 @@ counter period (counters) at the marks inside it rather than spreading it evenly
 - Counters with a power reading (NVML on A100/H100/H200: ``shape_window_s``, see :func:`shape_window_s`):
   the sampler passes the power field with every reading. The field refreshes on a clock of its own
   (measured on an H200, ``benchmarks/nvml_semantics.py``: every 100.0 ms, 38 to 82 ms after the counter's
-  updates in four runs, not with them) and holds the mean power over ``shape_window_s`` (25 ms) ending
-  ``shape_lag_s`` (12 ms) before its refresh. The series pins the field's refresh phase down from the reads
+  updates, medians of four runs: not with them) and holds the mean power over ``shape_window_s`` (25 ms) ending
+  ``shape_lag_s`` (11 ms) before its refresh. The series pins the field's refresh phase down from the reads
   that see it change (:class:`CounterPhase`, as for the counter) and places each window on it; until then
   it places none. Every period that holds marks then waits for the update after it and is shared out by
   :func:`segment_powers`: one power per segment between marks over the periods before, of and after it,
