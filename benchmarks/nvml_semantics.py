@@ -36,6 +36,7 @@ Run on a CUDA machine: ``python benchmarks/nvml_semantics.py [--out PATH] [--ref
 from __future__ import annotations
 
 import argparse
+import bisect
 import random
 import statistics
 import sys
@@ -58,6 +59,21 @@ def quantiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"median": statistics.median(ordered), "p05": pick(0.05), "p95": pick(0.95), "n": len(ordered)}
+
+
+def intervals_ms(times: list[float]) -> list[float]:
+    """Intervals (ms) between consecutive times (s)."""
+    return [(b - a) * 1000 for a, b in zip(times, times[1:])]
+
+
+def ms_after_latest(times: list[float], references: list[float]) -> list[float]:
+    """For each time (s), how long (ms) after the latest reference time at or before it (none before: left out)."""
+    lags = []
+    for t in times:
+        k = bisect.bisect_right(references, t)
+        if k:
+            lags.append((t - references[k - 1]) * 1000)
+    return lags
 
 
 class Card:
@@ -100,7 +116,7 @@ class Card:
     def describe(self) -> dict:
         nvml = self.nvml
         name = nvml.nvmlDeviceGetName(self.handle)
-        return {"gpu": name.decode() if isinstance(name, bytes) else name,
+        return {"gpu": _text(name),
                 "driver": _text(nvml.nvmlSystemGetDriverVersion()),
                 "architecture": _maybe(lambda: nvml.nvmlDeviceGetArchitecture(self.handle)),
                 "power_limit_W": _maybe(lambda: nvml.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000),
@@ -166,16 +182,11 @@ def poll_changes(card: Card, seconds: float, busy: bool) -> dict:
     card.torch.cuda.synchronize()
     result = {"polls": polls, "poll_interval_us": seconds / max(polls, 1) * 1e6}
     for key, times in changes.items():
-        intervals = [(b - a) * 1000 for a, b in zip(times, times[1:])]
+        intervals = intervals_ms(times)
         result[f"{key}_interval_ms"] = quantiles(intervals) if intervals else None
     if increments:
         result["counter_increment_mJ"] = quantiles([float(i) for i in increments])
-    counter_times = changes["counter"]
-    lags = []  # instant-field change after the latest counter change, ms
-    for t in changes["instant"]:
-        before = [c for c in counter_times if c <= t]
-        if before:
-            lags.append((t - before[-1]) * 1000)
+    lags = ms_after_latest(changes["instant"], changes["counter"])  # instant-field change after a counter change
     if lags:
         result["instant_change_after_counter_change_ms"] = quantiles(lags)
     return result
@@ -193,8 +204,7 @@ def refresh_intervals(card: Card, seconds: float, busy: bool) -> dict:
         if value != last:
             times.append(time.perf_counter())
             last = value
-    merged = [t for t, _ in refreshes([(t, 0.0) for t in times])]
-    intervals = [(b - a) * 1000 for a, b in zip(merged, merged[1:])]
+    intervals = intervals_ms([t for t, _ in refreshes([(t, 0.0) for t in times])])
     return {"intervals_ms": intervals, **(quantiles(intervals) if intervals else {})}
 
 
@@ -340,16 +350,12 @@ def fit_counter(trace: dict) -> dict:
                 best = {"lag_ms": lag_ms, "r2": r2, "idle_W": idle, "busy_W": idle + delta}
         result[model] = best
     counter_times = [t for t, _ in events]
-    phases = []
-    for t, _ in refreshes(trace["instant"]):
-        before = [c for c in counter_times if c <= t]
-        if before:
-            phases.append((t - before[-1]) * 1000)
+    refresh_times = [t for t, _ in refreshes(trace["instant"])]
+    phases = ms_after_latest(refresh_times, counter_times)
     result["instant_change_after_counter_update_ms"] = quantiles(phases) if phases else None
-    intervals = [(b - a) * 1000 for a, b in zip(counter_times, counter_times[1:])]
+    intervals = intervals_ms(counter_times)
     result["counter_interval_ms"] = quantiles(intervals) if intervals else None
-    times = [t for t, _ in refreshes(trace["instant"])]
-    intervals = [(b - a) * 1000 for a, b in zip(times, times[1:])]
+    intervals = intervals_ms(refresh_times)
     result["instant_interval_ms"] = quantiles(intervals) if intervals else None
     return result
 
