@@ -6,6 +6,7 @@ import math
 import re
 import socket
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
-from lightning_energy.integration.lightning_internals import progress_bar_dict
+from lightning_energy.integration.lightning_internals import epoch_end_log_step, progress_bar_dict
 from lightning_energy.integration.timeline import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import Mark
@@ -32,6 +33,11 @@ LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "test": ("energy/test_epoch_J", "time/test_epoch_s", "power/test_epoch_W"),
     "predict": ("energy/predict_J", "time/predict_s", "power/predict_W"),
 }
+
+
+def _no_trainer() -> None:
+    """A weak reference to no Trainer."""
+    return None
 
 
 def sensor_metric(sensor_name: str) -> str:
@@ -123,6 +129,7 @@ class EnergyCallback(MeteredCallback):
         self.loops: list[LoopFigures] = []  # every loop measured by this callback (validate/test/predict too)
         self._resumed: dict = {}
         self._final_state: dict | None = None
+        self._final_trainer = _no_trainer  # the Trainer whose fit left ``_final_state`` (a weak reference)
         self._fits = 0
         self._reset_run_state()
 
@@ -149,6 +156,7 @@ class EnergyCallback(MeteredCallback):
         self._sampler = None
         self._sensors: list[Sensor] = []
         self._names: list[str] = []
+        self._all_names: list[str] = []
         self._zeus = None
         self._zeus_epochs: dict[int, float] = {}
         self._trace: TraceWriter | None = None
@@ -170,9 +178,10 @@ class EnergyCallback(MeteredCallback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.attachment is not None:  # already set up (e.g. validate inside a running session)
             return
-        # a second fit on this callback continues the first; a checkpoint's state, if any, arrives after
-        # setup through load_state_dict and replaces this
-        self._resumed = dict(self._final_state) if self._final_state is not None and stage == "fit" else {}
+        # a second fit of the same Trainer continues the first (another Trainer starts afresh); a checkpoint's
+        # state, if any, arrives after setup through load_state_dict and replaces this
+        continues = self._final_state is not None and stage == "fit" and self._final_trainer() is trainer
+        self._resumed = dict(self._final_state) if continues else {}
         self._reset_run_state()
         from lightning_energy.measure.sampler import get_sampler
 
@@ -182,6 +191,9 @@ class EnergyCallback(MeteredCallback):
         self._samples_at_setup = self._sampler.samples_taken
         self._sensors, self._notes, self._zeus = attachment.sensors, attachment.notes, attachment.zeus
         self._names = attachment.sensor_names
+        # every rank's sensors of this callback: the all-rank figures it logs and reports cover these alone
+        # (the session's figures carry every sensor of every callback); collective, as setup runs on every rank
+        self._all_names = sorted({n for rank in distributed.gather(trainer, self._names) for n in rank})
         self._sampler.add_listener(self._power)
         log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         if stage == "fit":
@@ -299,6 +311,7 @@ class EnergyCallback(MeteredCallback):
 
     @override
     def on_loop_measured(self, trainer: Trainer, figures: LoopFigures) -> None:
+        figures = figures.for_sensors(self._all_names)
         self.loops.append(figures)
         energy_name, time_name, power_name = LOOP_METRICS[figures.kind]
         energy_J = figures.total_J
@@ -313,6 +326,7 @@ class EnergyCallback(MeteredCallback):
 
     @override
     def on_epoch_measured(self, trainer: Trainer, figures: EpochFigures) -> None:
+        figures = figures.for_sensors(self._all_names)
         epoch = figures.epoch
         self._session_train_J += figures.total_J
         row = self._epoch_row(figures, self._zeus_epochs.pop(epoch, None))
@@ -403,6 +417,7 @@ class EnergyCallback(MeteredCallback):
         self._event("fit_end", end.t, mark=end)
         self.fit_start_s, self.fit_end_s = timeline.fit_start.t, end.t
         self._final_state = self._cumulative_state(trainer, end)  # for a checkpoint saved after the fit
+        self._final_trainer = weakref.ref(trainer)
         summaries = distributed.gather(trainer, self._rank_summary(trainer, timeline.fit_start, end))
         sections = {}  # other callbacks' tables (e.g. PrecisionSwitch's per-mode table); collective
         for callback in trainer.callbacks:
@@ -423,6 +438,7 @@ class EnergyCallback(MeteredCallback):
                 "events_file": str(self._trace.events_path) if self._trace else None,
             },
             "notes": [*self._notes, *getattr(self._tb, "notes", [])],
+            "figures_cover": list(self._all_names),
             "output_problems": problems,
             "sections": sections,
             **{f"resumed_{k}": v for k, v in self._resumed.items() if k != "epochs"},
@@ -430,7 +446,7 @@ class EnergyCallback(MeteredCallback):
         self.report = build_report(summaries, self._epochs, extra)
         # the run's total over the whole fit, as in the report, is the last `energy/total_J` logged (the epoch
         # ends' figures leave out what follows the last epoch end: teardown of the loops, the last checkpoint)
-        self.log_metrics(trainer, {"energy/total_J": self.report["total_J"]}, trainer.global_step)
+        self.log_metrics(trainer, {"energy/total_J": self.report["total_J"]}, epoch_end_log_step(trainer))
         if self._tb is not None:  # once, at fit end: HParams metrics and the table in the Text tab
             self._tb.write_report(trainer, self.report)
             self._warn_output_problems()

@@ -20,6 +20,14 @@ def batches_that_stepped(trainer) -> int:
     return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
+def epoch_end_log_step(trainer) -> int:
+    """The step Lightning logs a training epoch's end metrics at (``train_loss_epoch``): one less than
+    :func:`batches_that_stepped` at ``on_train_epoch_end``. ``_FitLoop.on_advance_end`` lowers
+    ``_batches_that_stepped`` by one around ``update_train_epoch_metrics`` "because loggers expect that the same
+    step is used when logging epoch-end metrics" (checked: Lightning 2.6.6); never below 0."""
+    return max(batches_that_stepped(trainer) - 1, 0)
+
+
 def is_accumulating(trainer) -> bool:
     """Whether the batch that ends now only accumulates gradients (the optimizer steps at a later batch):
     ``fit_loop.epoch_loop._should_accumulate()`` (checked: Lightning 2.6.6)."""

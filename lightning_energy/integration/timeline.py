@@ -32,12 +32,15 @@ import math
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Protocol
 
 from lightning_energy.measure.meter import EnergyWindow, Mark, Measurement, Meter, measure
-from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
+from lightning_energy.integration.lightning_internals import (
+    batches_that_stepped, epoch_end_log_step, is_accumulating,
+)
 from lightning_energy.measure.sampler import Sampler
+from lightning_energy.measure.series import bound_between
 
 LOOP_KINDS = ("val", "test", "predict")
 RETAIN_MARGIN_S = 1.0  # points kept before a boundary whose common time is settled later (DDP)
@@ -63,7 +66,12 @@ class StepFigures:
 
 @dataclass(frozen=True)
 class LoopFigures(EnergyWindow):
-    """A validation, test or predict loop over all ranks: J per sensor name (summed over ranks)."""
+    """A validation, test or predict loop over all ranks: J per sensor name (summed over ranks).
+
+    ``bounds_J``: the attribution bound (J) per sensor (``series.bound_between``; ``inf`` for an extrapolated
+    edge), None where not computed (DDP). Figures cover every sensor of the Trainer's session: a callback
+    takes its own with :meth:`for_sensors`.
+    """
 
     kind: str
     epoch: int
@@ -75,17 +83,30 @@ class LoopFigures(EnergyWindow):
     end_s: float
     missing: tuple[dict, ...] = ()
     extrapolated: bool = False
-    bound_J: float = math.nan  # attribution bound of total_J (J); nan: not computed (DDP)
+    bounds_J: dict[str, float] | None = None
+
+    @property
+    def bound_J(self) -> float:
+        """Attribution bound of ``total_J`` (J); nan where not computed (DDP), inf: an edge extrapolated."""
+        return math.nan if self.bounds_J is None else sum(self.bounds_J.values())
+
+    def for_sensors(self, names) -> "LoopFigures":
+        """These figures restricted to the sensors ``names`` (a callback's own)."""
+        return replace(self, energy_J=_only(self.energy_J, names), bounds_J=_only(self.bounds_J, names),
+                       missing=tuple(m for m in self.missing if m["sensor"] in names))
 
 
 @dataclass(frozen=True)
 class EpochFigures:
     """A training epoch over all ranks, its validation loops excluded.
 
-    ``energy_J``: J per sensor name summed over ranks; ``duration_s``: the common interval less its
-    validation; ``steps``/``steps_J``: optimizer steps of all ranks and their energy; ``fit_J``: all
-    ranks' energy from their fit start to this epoch's end; ``missing``: ``{"sensor", "rank"}`` of
-    sensors whose figures do not cover the epoch.
+    Every energy is J per sensor name summed over ranks, over every sensor of the Trainer's session: a
+    callback takes its own sensors' figures with :meth:`for_sensors`. ``energy_J``: the epoch;
+    ``duration_s``: the common interval less its validation; ``steps``: optimizer steps of all ranks,
+    ``steps_energy_J`` their energy; ``extras_energy_J``: sub-windows other callbacks added (name -> J per
+    sensor); ``fit_energy_J``: all ranks' energy from their fit start to this epoch's end; ``missing``:
+    ``{"sensor", "rank"}`` of sensors whose figures do not cover the epoch; ``bounds_J``: the attribution
+    bound per sensor (None: not computed, DDP).
     """
 
     epoch: int
@@ -94,19 +115,41 @@ class EpochFigures:
     duration_s: float
     validation: tuple[LoopFigures, ...]
     steps: int
-    steps_J: float
-    extras_J: dict[str, float]
-    fit_J: float
+    steps_energy_J: dict[str, float]
+    extras_energy_J: dict[str, dict[str, float]]
+    fit_energy_J: dict[str, float]
     start_s: float  # this rank's sampler clock (s): the common start and end under DDP
     end_s: float
     missing: tuple[dict, ...] = ()
     extrapolated: bool = False
     resumed_mid_epoch: bool = False
-    bound_J: float = math.nan  # attribution bound of total_J (J); nan: not computed (DDP), inf: an edge extrapolated
+    bounds_J: dict[str, float] | None = None
+
+    @property
+    def sensors(self) -> list[str]:
+        """The sensors these figures cover, sorted."""
+        return sorted(self.energy_J)
 
     @property
     def total_J(self) -> float:
         return sum(self.energy_J.values())
+
+    @property
+    def steps_J(self) -> float:
+        return sum(self.steps_energy_J.values())
+
+    @property
+    def fit_J(self) -> float:
+        return sum(self.fit_energy_J.values())
+
+    @property
+    def extras_J(self) -> dict[str, float]:
+        return {name: sum(per_sensor.values()) for name, per_sensor in self.extras_energy_J.items()}
+
+    @property
+    def bound_J(self) -> float:
+        """Attribution bound of ``total_J`` (J); nan where not computed (DDP), inf: an edge extrapolated."""
+        return math.nan if self.bounds_J is None else sum(self.bounds_J.values())
 
     @property
     def validation_J(self) -> float:
@@ -115,6 +158,14 @@ class EpochFigures:
     @property
     def mean_power_W(self) -> float:
         return self.total_J / self.duration_s if self.duration_s > 0 else 0.0
+
+    def for_sensors(self, names) -> "EpochFigures":
+        """These figures restricted to the sensors ``names`` (a callback's own, of every rank)."""
+        return replace(
+            self, energy_J=_only(self.energy_J, names), validation=tuple(v.for_sensors(names) for v in self.validation),
+            steps_energy_J=_only(self.steps_energy_J, names), fit_energy_J=_only(self.fit_energy_J, names),
+            extras_energy_J={k: _only(v, names) for k, v in self.extras_energy_J.items()},
+            bounds_J=_only(self.bounds_J, names), missing=tuple(m for m in self.missing if m["sensor"] in names))
 
 
 class TimelineListener(Protocol):
@@ -143,9 +194,9 @@ class _Epoch:
     step: int = 0
     loops: list[_Loop] = field(default_factory=list)
     steps: int = 0
-    steps_J: float = 0.0
+    steps_energy_J: dict[str, float] = field(default_factory=dict)  # J per sensor of its delivered steps
     extras: list[tuple[str, Mark, Mark]] = field(default_factory=list)  # sub-windows between steps
-    step_extras_J: dict[str, float] = field(default_factory=dict)
+    step_extras_J: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> J per sensor, in steps
     figures: EpochFigures | None = None  # set when settled across ranks (DDP)
 
 
@@ -250,7 +301,7 @@ class Timeline:
         self._batch_open = False
         self._step = None
         epoch.end = self.meter.mark()
-        epoch.step = batches_that_stepped(trainer)
+        epoch.step = epoch_end_log_step(trainer)  # where Lightning logs the epoch's own metrics
         self._epoch = None
         self._pending_epochs.append(epoch)
         if self._distributed:
@@ -342,9 +393,9 @@ class Timeline:
             net = _minus(gross, list(extras.values()))
             epoch = self._find_epoch(step.epoch)
             if epoch is not None:
-                epoch.steps_J += net.total_J
+                _add_into(epoch.steps_energy_J, net.energy_J)
                 for name, m in extras.items():
-                    epoch.step_extras_J[name] = epoch.step_extras_J.get(name, 0.0) + m.total_J
+                    _add_into(epoch.step_extras_J.setdefault(name, {}), m.energy_J)
             figures = StepFigures(step_number, step.epoch, step.batches, log, net, extras, step.start, end)
             for listener in list(self.listeners):
                 listener.on_step_measured(trainer, figures)
@@ -386,7 +437,7 @@ class Timeline:
         m = measure(loop.start, loop.end)
         return LoopFigures(loop.kind, loop.epoch, loop.step, loop.fitting, dict(m.energy_J), m.duration_s,
                            m.start_s, m.end_s, tuple({"sensor": n, "rank": 0} for n in m.missing), m.extrapolated,
-                           m.bound_J)
+                           _bounds(loop.start, loop.end, m.energy_J))
 
     def _local_epoch_figures(self, epoch: _Epoch) -> EpochFigures:
         window = measure(epoch.start, epoch.end)
@@ -395,15 +446,20 @@ class Timeline:
             loop.figures = figures
         energy = {n: j - sum(loop.energy_J.get(n, 0.0) for loop in loops) for n, j in window.energy_J.items()}
         duration = window.duration_s - sum(loop.duration_s for loop in loops)
-        extras = dict(epoch.step_extras_J)
-        for name, start, end in epoch.extras:
-            extras[name] = extras.get(name, 0.0) + measure(start, end).total_J
-        fit_J = measure(self.fit_start, epoch.end).total_J if self.fit_start is not None else window.total_J
+        fit = measure(self.fit_start, epoch.end).energy_J if self.fit_start is not None else window.energy_J
         missing = tuple({"sensor": n, "rank": 0} for n in window.missing)
-        bound = window.bound_J + sum(loop.bound_J for loop in loops)
-        return EpochFigures(epoch.epoch, epoch.step, energy, duration, tuple(loops), epoch.steps, epoch.steps_J,
-                            extras, fit_J, window.start_s, window.end_s, missing, window.extrapolated,
-                            epoch.resumed_mid_epoch, bound)
+        bounds = _sum_dicts([_bounds(epoch.start, epoch.end, window.energy_J), *(loop.bounds_J for loop in loops)])
+        return EpochFigures(epoch.epoch, epoch.step, energy, duration, tuple(loops), epoch.steps,
+                            dict(epoch.steps_energy_J), self._epoch_extras(epoch), dict(fit), window.start_s,
+                            window.end_s, missing, window.extrapolated, epoch.resumed_mid_epoch, bounds)
+
+    @staticmethod
+    def _epoch_extras(epoch: _Epoch) -> dict[str, dict[str, float]]:
+        """The epoch's sub-windows (inside its steps and between them): name -> J per sensor."""
+        extras = {name: dict(per_sensor) for name, per_sensor in epoch.step_extras_J.items()}
+        for name, start, end in epoch.extras:
+            _add_into(extras.setdefault(name, {}), measure(start, end).energy_J)
+        return extras
 
     def _energy_of(self, mark: Mark, now: float) -> tuple[dict, float]:
         """(cumulative J per sensor, time s) at ``mark``: its own figures once resolved, else from the samples
@@ -429,9 +485,9 @@ class Timeline:
             loop_energy = _sum_dicts([loop_energy, part])
             loop_s += b_s - a_s
         train = {n: j - loop_energy.get(n, 0.0) for n, j in _difference(start_energy, end_energy).items()}
-        fit_J = sum(_difference(energy(self.fit_start)[0], end_energy).values()) if self.fit_start is not None else 0.0
+        fit = _difference(energy(self.fit_start)[0], end_energy) if self.fit_start is not None else {}
         return EpochFigures(epoch.epoch, epoch.step, train, end_s - start_s - loop_s, tuple(loops), epoch.steps,
-                            epoch.steps_J, dict(epoch.step_extras_J), fit_J, start_s, end_s, (),
+                            dict(epoch.steps_energy_J), self._epoch_extras(epoch), fit, start_s, end_s, (),
                             not epoch.end.resolved, epoch.resumed_mid_epoch)
 
     # ------------------------------------------------------------------ DDP: one common interval
@@ -454,14 +510,11 @@ class Timeline:
             loop_energy.append(_difference(a, b))
         window = _difference(e_start[0], e_end[0])
         train = {n: j - sum(le.get(n, 0.0) for le in loop_energy) for n, j in window.items()}
-        extras = dict(epoch.step_extras_J)
-        for name, s, e in epoch.extras:
-            extras[name] = extras.get(name, 0.0) + measure(s, e).total_J
-        fit_J = sum(_difference(self.fit_start.energy, e_end[0]).values()) if self.fit_start is not None else 0.0
+        fit = _difference(self.fit_start.energy, e_end[0]) if self.fit_start is not None else {}
         rank = trainer.global_rank
         local = {
-            "train": train, "loops": loop_energy, "steps": epoch.steps, "steps_J": epoch.steps_J,
-            "extras": extras, "fit_J": fit_J,
+            "train": train, "loops": loop_energy, "steps": epoch.steps, "steps_J": dict(epoch.steps_energy_J),
+            "extras": self._epoch_extras(epoch), "fit_J": fit,
             "missing": [{"sensor": n, "rank": rank} for n in sorted(flagged | _missing_names(e_start[0], e_end[0]))],
         }
         gathered = _gather(trainer, local)
@@ -475,8 +528,10 @@ class Timeline:
         epoch.figures = EpochFigures(
             epoch.epoch, epoch.step, _sum_dicts(g["train"] for g in gathered),
             (end_s - start_s) - sum(b - a for a, b in loop_bounds), tuple(loops),
-            sum(g["steps"] for g in gathered), sum(g["steps_J"] for g in gathered),
-            _sum_dicts(g["extras"] for g in gathered), sum(g["fit_J"] for g in gathered), start_s, end_s,
+            sum(g["steps"] for g in gathered), _sum_dicts(g["steps_J"] for g in gathered),
+            {name: _sum_dicts(g["extras"].get(name, {}) for g in gathered)
+             for name in sorted({name for g in gathered for name in g["extras"]})},
+            _sum_dicts(g["fit_J"] for g in gathered), start_s, end_s,
             tuple(m for g in gathered for m in g["missing"]), bool(flagged), epoch.resumed_mid_epoch)
         self.sampler.retain(self, None)
 
@@ -589,11 +644,26 @@ def _missing_names(start: dict, end: dict) -> set[str]:
     return {n for n, e in end.items() if e is None or start.get(n) is None}
 
 
+def _only(per_sensor: dict | None, names) -> dict | None:
+    """``per_sensor`` (J or a bound per sensor name) restricted to ``names``; None stays None."""
+    return None if per_sensor is None else {n: v for n, v in per_sensor.items() if n in names}
+
+
+def _add_into(total: dict[str, float], more: dict[str, float]) -> None:
+    """Add ``more`` (J per sensor) into ``total`` in place."""
+    for name, joules in more.items():
+        total[name] = total.get(name, 0.0) + joules
+
+
+def _bounds(start: Mark, end: Mark, names) -> dict[str, float]:
+    """The attribution bound (J) of the window between two resolved marks, per sensor of ``names``."""
+    return {n: bound_between(start.bounds.get(n), end.bounds.get(n)) for n in names}
+
+
 def _sum_dicts(dicts) -> dict[str, float]:
     total: dict[str, float] = {}
     for d in dicts:
-        for name, joules in d.items():
-            total[name] = total.get(name, 0.0) + joules
+        _add_into(total, d)
     return total
 
 

@@ -1,0 +1,163 @@
+"""Figures right in combination: each callback's figures cover exactly its own sensors, one callback object in a
+second Trainer starts afresh, and every figure is logged at the step Lightning uses for the same boundary.
+
+Fake time throughout (``install_fake_time``): a sample after every step, so every window is exact and any
+difference from the sensors' constant powers is a bookkeeping error, not a measurement one.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch import nn
+
+from conftest import RecordingLogger
+from power_limit_helpers import SimModule, install_fake_time, loader
+from lightning_energy import CarbonCallback, EnergyCallback, SimulatedSensor
+
+STEP_S = 0.1
+
+
+class TimedModule(SimModule):
+    """Each training step takes STEP_S fake seconds; logs ``train/loss`` per step and per epoch."""
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(STEP_S)
+        (x,) = batch
+        loss = self.layer(x).square().mean()
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
+        return loss
+
+
+class TwoOptimizerModule(L.LightningModule):
+    """Manual optimisation with two optimizers: ``trainer.global_step`` counts both."""
+
+    def __init__(self, clock) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.a, self.b, self.clock = nn.Linear(4, 1), nn.Linear(4, 1), clock
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(STEP_S)
+        (x,) = batch
+        for layer, opt in zip((self.a, self.b), self.optimizers()):
+            loss = layer(x).square().mean()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        self.log("train/loss", loss, on_step=True, on_epoch=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.a.parameters(), lr=0.01), torch.optim.SGD(self.b.parameters(), lr=0.01)
+
+
+def fake_sensor(name: str, watts: float, clock) -> SimulatedSensor:
+    return SimulatedSensor(name, watts, clock=clock)
+
+
+def fit(tmp_path, clock, callbacks, module=None, batches: int = 8, epochs: int = 2, **kwargs):
+    logger = RecordingLogger(tmp_path)
+    trainer = L.Trainer(callbacks=callbacks, logger=logger, max_epochs=epochs, log_every_n_steps=1,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        accelerator="cpu", devices=1, default_root_dir=str(tmp_path), **kwargs)
+    trainer.fit(module if module is not None else TimedModule(clock=clock), loader(batches, batch_size=4))
+    return trainer, logger
+
+
+@pytest.mark.parametrize("carbon_first", [False, True])
+def test_energy_callback_beside_a_carbon_callback_with_other_sensors_reports_only_its_own(
+        tmp_path, monkeypatch, carbon_first):
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    carbon = CarbonCallback(intensity_g_per_kWh=100.0, sensors=[fake_sensor("thirty", 30.0, clock)], verbose=False)
+    _, logger = fit(tmp_path, clock, [carbon, energy] if carbon_first else [energy, carbon])
+
+    for key in ("power/epoch_W", "power/step_W"):
+        assert logger.values(key) and all(v == pytest.approx(50.0, rel=1e-9) for v in logger.values(key)), key
+    report = energy.report
+    assert report["train_J"] == pytest.approx(sum(r["train_J"] for r in report["epochs"]), rel=1e-9)
+    assert all(r["power_W"] == pytest.approx(50.0, rel=1e-9) for r in report["epochs"])
+    assert all(set(r["per_sensor_J"]) == {"fifty"} for r in report["epochs"])
+    assert report["total_J"] == pytest.approx(50.0 * report["duration_s"], rel=1e-9)
+    assert report["figures_cover"] == ["fifty"]  # the report says which sensors its figures cover
+    totals = logger.values("energy/total_J")
+    assert totals == sorted(totals)  # a running total never goes down
+    # and the carbon callback's energy is its own sensor's
+    assert carbon.report["total_J"] == pytest.approx(30.0 * report["duration_s"], rel=1e-9)
+
+
+def test_one_callback_object_in_a_second_trainer_starts_afresh(tmp_path, monkeypatch):
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    fit(tmp_path / "one", clock, [energy])
+    first = energy.report["total_J"]
+    fit(tmp_path / "two", clock, [energy], batches=4, epochs=1)
+    second = energy.report
+    assert second["total_J"] == pytest.approx(50.0 * second["duration_s"], rel=1e-9)
+    assert second["total_J"] < first
+
+
+def test_a_second_fit_on_one_trainer_continues_the_first(tmp_path, monkeypatch):
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    trainer, _ = fit(tmp_path, clock, [energy], epochs=1)
+    first = energy.report["total_J"]
+    trainer.fit_loop.max_epochs = 2
+    trainer.fit(TimedModule(clock=clock), loader(8, batch_size=4))
+    report = energy.report
+    assert report["resumed"]["total_J"] == pytest.approx(first, rel=1e-12)
+    assert report["total_J"] == pytest.approx(50.0 * report["duration_s"], rel=1e-9)  # both fits' time
+    assert report["total_J"] > first
+
+
+def test_epoch_figures_are_logged_at_the_step_of_lightnings_own_epoch_metrics(tmp_path, monkeypatch):
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    _, logger = fit(tmp_path, clock, [energy])
+    lightning_epoch_steps = logger.steps("train/loss_epoch")
+    assert lightning_epoch_steps == [7, 15]
+    assert logger.steps("energy/epoch_J") == lightning_epoch_steps
+    assert logger.steps("energy/total_J")[-1] == lightning_epoch_steps[-1]
+
+
+def test_with_two_optimizers_every_figure_uses_lightnings_logging_step(tmp_path, monkeypatch):
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    trainer, logger = fit(tmp_path, clock, [energy], module=TwoOptimizerModule(clock))
+    assert trainer.global_step == 32  # two optimizer steps per batch
+    last_lightning_step = max(logger.steps("train/loss_step") + logger.steps("train/loss_epoch"))
+    assert last_lightning_step == 15
+    assert max(logger.steps("energy/total_J")) == last_lightning_step
+    assert logger.steps("energy/epoch_J") == logger.steps("train/loss_epoch")
+
+
+def test_every_suite_callback_attached_leaves_the_energy_callbacks_figures_its_own(tmp_path, monkeypatch):
+    """The power-limit optimiser's simulated GPU and a carbon callback's sensor join the session: the
+    EnergyCallback given one 50 W sensor still logs and reports 50 W, and its running total never drops."""
+    from lightning_energy import CatalogCallback, ForecastCallback
+    from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
+    from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+
+    clock = install_fake_time(monkeypatch.setattr)
+    gpu = SimulatedGPU(clock=clock)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    others = [PowerLimitOptimizer(selector="zeus_cost", wait_steps=1, warmup_steps=1, profile_steps=3, gpu=gpu,
+                                  log_figure=False),
+              CarbonCallback(intensity_g_per_kWh=100.0, sensors=[fake_sensor("thirty", 30.0, clock)], verbose=False),
+              CatalogCallback(tmp_path / "catalog.sqlite"), ForecastCallback(verbose=False)]
+    _, logger = fit(tmp_path, clock, [SimulatedWorkload(gpu=gpu), *others, energy], module=SimModule(), batches=20)
+    for key in ("power/epoch_W", "power/step_W"):
+        assert logger.values(key) and all(v == pytest.approx(50.0, rel=1e-9) for v in logger.values(key)), key
+    totals = logger.values("energy/total_J")
+    assert totals == sorted(totals)
+    report = energy.report
+    assert report["total_J"] == pytest.approx(50.0 * report["duration_s"], rel=1e-9)
+    assert report["train_J"] <= report["total_J"] * (1 + 1e-12)
+    assert all(r["power_W"] == pytest.approx(50.0, rel=1e-9) for r in report["epochs"])
