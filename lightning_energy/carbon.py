@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from lightning_energy.units import J_PER_KWH
+from lightning_energy.units import G_PER_KG, J_PER_KWH
 
 WORLD_AVERAGE_G_PER_KWH = 475.0  # CodeCarbon's world-average fallback (IEA 2019)
 MIX_TOLERANCE = 1e-6  # shares must sum to 1 within this
@@ -201,8 +201,8 @@ def _region_intensity(data_dir: Path, iso: str, region: str) -> CarbonIntensity 
         if entry is not None:
             kg = sum(entry.get(source, 0.0) / entry["total"] * factor
                      for source, factor in _CANADA_SOURCE_KG_PER_KWH.items())
-            return CarbonIntensity(kg * 1000.0, "region",
-                                   f"Canada {region}: {kg * 1000:.1f} g/kWh from its mix, CodeCarbon offline data")
+            return CarbonIntensity(kg * G_PER_KG, "region",
+                                   f"Canada {region}: {kg * G_PER_KG:.1f} g/kWh from its mix, CodeCarbon offline data")
     if iso == "CHN":
         name = _CHINA_SUFFIX.sub("", key)
         for code, entry in _load_json(data_dir / "2023" / "china_provincial_emissions.json")["data"].items():

@@ -25,6 +25,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 from lightning_energy.provenance import of_entry, of_report
+from lightning_energy.units import MS_PER_S
 
 RUN_ATTRIBUTES_FILE = "run_attributes.json"  # a fit's attributes in its log dir (CatalogCallback, sweep)
 CATALOG_FILE = "energy_catalog.sqlite"
@@ -145,7 +146,7 @@ class Catalog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         timeout_s = self._timeout_s
         with closing(self._open(create, timeout_s)) as conn:
-            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(timeout_s * MS_PER_S)}")
             conn.execute("PRAGMA foreign_keys = ON")
             try:
                 if create:

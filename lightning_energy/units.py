@@ -12,3 +12,7 @@ J_PER_KWH = 3.6e6  # joules per kilowatt-hour
 MS_PER_S = 1000.0  # milliseconds per second: torch.cuda.Event.elapsed_time reports ms
 FLOP_PER_GFLOP = 1e9  # floating-point operations per GFLOP
 BYTES_PER_GIB = 1024**3  # bytes per gibibyte
+G_PER_KG = 1000.0  # grams per kilogram: CodeCarbon's emissions are kg CO2e
+J_PER_KJ = 1000.0  # joules per kilojoule: the progress bar shows kJ
+US_PER_S = 1e6  # microseconds per second: Chrome/Kineto traces count us
+NS_PER_US = 1000.0  # nanoseconds per microsecond: a trace's baseTimeNanoseconds

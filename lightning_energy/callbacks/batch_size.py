@@ -46,6 +46,7 @@ from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.units import W_PER_MW
 
 log_info = rank_zero_info_for(__name__)
 
@@ -283,7 +284,7 @@ class BatchSizeSearch(MeteredCallback):
         if gpu is None:
             raise MisconfigurationException("BatchSizeSearch(cost='zeus_cost') needs MaxPower: pass `max_power_W` "
                                             "(no GPU to read the maximum power limit from)")
-        return gpu.get_power_management_limit_constraints()[1] / 1000.0
+        return gpu.get_power_management_limit_constraints()[1] * W_PER_MW
 
     # ---------------------------------------------------------------- the search
     @override

@@ -24,7 +24,7 @@ from lightning_energy.measure.meter import measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_tracker_started
-from lightning_energy.units import J_PER_KWH
+from lightning_energy.units import G_PER_KG, J_PER_KWH
 
 log_info = rank_zero_info_for(__name__)
 
@@ -296,14 +296,14 @@ def _stop_codecarbon(tracker) -> dict:
         return {"error": f"{type(err).__name__}: {err}"}
     return {
         "energy_J": data.energy_consumed * J_PER_KWH,
-        "gCO2e": data.emissions * 1000.0,
+        "gCO2e": data.emissions * G_PER_KG,
         "cpu_J": data.cpu_energy * J_PER_KWH,
         "gpu_J": data.gpu_energy * J_PER_KWH,
         "energy_includes_pue": True,  # CodeCarbon multiplies its energy by the PUE; ours is the bare energy
         "ram_J": data.ram_energy * J_PER_KWH,
         "duration_s": data.duration,
         # CodeCarbon multiplies its energy by the PUE, so its emissions per kWh are the bare grid intensity
-        "intensity_g_per_kWh": data.emissions * 1000.0 / data.energy_consumed if data.energy_consumed else None,
+        "intensity_g_per_kWh": data.emissions * G_PER_KG / data.energy_consumed if data.energy_consumed else None,
         "country_iso_code": data.country_iso_code,
         "region": data.region,
         "cpu_model": data.cpu_model,

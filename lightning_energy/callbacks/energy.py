@@ -25,6 +25,7 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
 from lightning_energy.outputs.trace import TraceWriter
+from lightning_energy.units import J_PER_KJ
 
 log_info = rank_zero_info_for(__name__)
 
@@ -384,7 +385,7 @@ class EnergyCallback(MeteredCallback):
     def _show_total(trainer: Trainer, total_J: float) -> None:
         # Into the progress bar's own dict: the `progress_bar_metrics` getter would first recompute (and
         # synchronise) every logged tensor, and `pl_module.log` costs ~1 ms per call.
-        progress_bar_dict(trainer)["energy_kJ"] = round(total_J / 1000.0, 3)
+        progress_bar_dict(trainer)["energy_kJ"] = round(total_J / J_PER_KJ, 3)
 
     def _warn_failures(self) -> None:
         """Warn once per failed sensor, on the rank where it failed (not only on rank zero)."""

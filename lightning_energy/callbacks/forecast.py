@@ -23,7 +23,7 @@ from lightning_energy.integration.lightning_internals import callback_metrics_di
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.units import J_PER_KWH
+from lightning_energy.units import J_PER_KJ, J_PER_KWH
 
 log_info = rank_zero_info_for(__name__)
 
@@ -205,7 +205,7 @@ class ForecastCallback(MeteredCallback):
             return
         callback_metrics_dict(trainer).update({name: torch.tensor(value) for name, value in metrics.items()})
         bar = progress_bar_dict(trainer)
-        bar["forecast_kJ"] = forecast.total_J / 1000.0
+        bar["forecast_kJ"] = forecast.total_J / J_PER_KJ
         bar["forecast_gCO2e"] = forecast.total_gCO2e
 
     @override

@@ -25,6 +25,7 @@ from lightning_energy.outputs.op_energy import (
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.series import bound_between
+from lightning_energy.units import US_PER_S
 
 log_info = rank_zero_info_for(__name__)
 
@@ -366,8 +367,8 @@ class EnergyProfiler(MeteredCallback):
         counters = counter_events(samples, curve, offset, pid, estimated, placement)
         events.extend(counters)
         trace["lightningEnergy"] = {
-            "window_start_ts_us": window.start.t * 1e6 + offset,
-            "window_end_ts_us": end.t * 1e6 + offset,
+            "window_start_ts_us": window.start.t * US_PER_S + offset,
+            "window_end_ts_us": end.t * US_PER_S + offset,
             "window_J": measured.total_J,
             "window_s": measured.duration_s,
             "energy_J": measured.energy_J,

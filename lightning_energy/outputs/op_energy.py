@@ -70,6 +70,7 @@ import numpy as np
 
 from lightning_energy.io import atomic_write_bytes
 from lightning_energy.measure.sampler import Reading
+from lightning_energy.units import NS_PER_US, US_PER_S
 
 SYNC_MARKER = "lightning_energy::clock_sync"
 DEVICE_SYNC_MARKER = "lightning_energy::device_clock_sync"
@@ -177,9 +178,9 @@ def bounded_offset_us(intervals: list[tuple[float, float]], syncs: list[tuple[fl
     """
     lows, highs, middles = [], [], []
     for (start, end), (before, after) in zip(intervals, syncs):
-        lows.append(end - after * 1e6)
-        highs.append(start - before * 1e6)
-        middles.append((start + end) / 2 - (before + after) / 2 * 1e6)
+        lows.append(end - after * US_PER_S)
+        highs.append(start - before * US_PER_S)
+        middles.append((start + end) / 2 - (before + after) / 2 * US_PER_S)
     if not middles:
         return math.nan, math.nan
     low, high = max(lows), min(highs)
@@ -203,7 +204,7 @@ def clock_offset_us(events: list[dict], syncs: list[tuple[float, float]], base_n
         return bounded_offset_us(intervals, syncs)
     if base_ns is None or unix_minus_perf_s is None:
         raise ValueError("the trace holds no clock-sync marker and no baseTimeNanoseconds to align it")
-    return unix_minus_perf_s * 1e6 - base_ns / 1e3, math.nan
+    return unix_minus_perf_s * US_PER_S - base_ns / NS_PER_US, math.nan
 
 
 def device_clock_offset_us(events: list[dict], syncs: list[tuple[float, float]], device: int) -> tuple[float, float]:
@@ -534,8 +535,8 @@ def attribute_energy(events: list[dict], curve: EnergyCurve, offset_us: float, e
             kind = DEVICE
         else:
             continue  # another GPU's work, or any GPU's on a run that trains on the CPU
-        start = (float(e["ts"]) - shift[kind]) / 1e6
-        end = start + float(e.get("dur", 0.0)) / 1e6
+        start = (float(e["ts"]) - shift[kind]) / US_PER_S
+        end = start + float(e.get("dur", 0.0)) / US_PER_S
         if end <= ws or start >= we:
             continue
         row(kind, str(e["name"])).calls += 1
@@ -605,7 +606,7 @@ def counter_events(samples: list[tuple[float, dict]], curve: EnergyCurve, offset
         track_pid, offset = placement.get(name, (pid, offset_us))
 
         def ts(t: float, offset: float = offset) -> float:
-            return round(t * 1e6 + offset, 3)
+            return round(t * US_PER_S + offset, 3)
 
         power_points = [(t, values[name][1]) for t, values in samples
                         if name in values and math.isfinite(values[name][1]) and t <= we]

@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from lightning_energy.units import MS_PER_S
 
 TFLOPS = 1e12
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16")
@@ -183,7 +184,7 @@ def _best_cuda_s(a: torch.Tensor, b: torch.Tensor, repeats: int) -> float:
             torch.mm(a, b, out=out)
         end.record()
         end.synchronize()
-        best_s = min(best_s, start.elapsed_time(end) / 1e3 / GPU_BENCH_INNER)  # elapsed_time: ms
+        best_s = min(best_s, start.elapsed_time(end) / MS_PER_S / GPU_BENCH_INNER)  # elapsed_time: ms
     return best_s
 
 

@@ -11,6 +11,7 @@ limit (SYS_ADMIN or the Zeus daemon).
 from __future__ import annotations
 
 from pathlib import Path
+from lightning_energy.units import W_PER_MW
 
 HELP = "put GPUs back to the power limit and persistence mode a killed run left behind (crash markers)"
 
@@ -39,7 +40,7 @@ def run(args) -> int:
             problems.append(str(err))
     restored = 0
     for marker in markers:
-        what = (f"GPU {marker.nvml_index} ({marker.gpu_name}): {marker.limit_mW / 1000:g} W, persistence mode "
+        what = (f"GPU {marker.nvml_index} ({marker.gpu_name}): {marker.limit_mW * W_PER_MW:g} W, persistence mode "
                 f"{'?' if marker.persistence_mode is None else ('on' if marker.persistence_mode else 'off')}, "
                 f"left by {marker.owner} (pid {marker.pid} on {marker.host})")
         if args.list:
