@@ -9,7 +9,7 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
 - ``nvmlDeviceGetTotalEnergyConsumption``: mJ (an int) since the driver was loaded (the fake's
   creation), advancing only every 100 ms; ``NVMLError_NotSupported`` on pre-Volta GPUs and MIG handles.
 - ``nvmlDeviceGetPowerUsage``: mW; a 1-s average where ``power_usage_is_average`` (Ampere and newer
-  except GA100 with recent drivers), else instantaneous.
+  except GA100, as NVML's API reference says), else instantaneous.
 - ``nvmlDeviceGetFieldValues``: per-field ``nvmlReturn``; ``NVML_FI_DEV_POWER_INSTANT`` and
   ``NVML_FI_DEV_POWER_AVERAGE`` (mW, ``value.uiVal``) where the driver has them, else the field reads
   ``NVML_ERROR_NOT_SUPPORTED`` while the call itself succeeds.
@@ -29,7 +29,13 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
   (``FakeGpu.root = False``) ``NVML_ERROR_NO_PERMISSION``; persistence mode
   (``nvmlDeviceGet/SetPersistenceMode``, ``NVML_FEATURE_ENABLED``/``_DISABLED``) likewise. The limit and
   the mode are the card's: they survive ``nvmlShutdown`` (a new process sees what the last one left).
-  ``nvmlDeviceGetC2cModeInfoV`` (Grace Hopper) is not supported.
+- Grace Hopper (``FakeGpu.c2c_mode``, see :func:`gh200`): ``nvmlDeviceGetC2cModeInfoV`` returns a
+  ``c_nvmlC2cModeInfo_v1_t`` whose ``isC2cEnabled`` says whether C2C mode is on (``None``: not a Grace
+  Hopper, the call is not supported, as on every other GPU). In C2C mode the energy counter holds the whole
+  module's energy (the GPU's and ``grace_W``, the Grace CPU and its memory), and the power fields read the
+  module in ``NVML_POWER_SCOPE_MODULE`` (unless ``has_module_power_fields`` is False: "not supported"), the
+  GPU alone in ``NVML_POWER_SCOPE_GPU``. Every (field, scope)
+  asked of ``nvmlDeviceGetFieldValues`` is recorded in ``FakeNvml.fields_asked``.
 - Any call can take time (``latency_s``: advances the fake clock), be held until released
   (:meth:`FakeNvml.block`), or fail with an NVML error code (:meth:`FakeNvml.fail`).
 
@@ -112,6 +118,12 @@ INSTANT_PHASE_S = 0.055  # H200, measured 38-82 ms: the instant field refreshes 
 MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount on an A100/H100
 
 
+class c_nvmlC2cModeInfo_v1_t(ctypes.Structure):
+    """As pynvml's: what ``nvmlDeviceGetC2cModeInfoV`` returns."""
+
+    _fields_ = [("isC2cEnabled", ctypes.c_uint)]
+
+
 # ------------------------------------------------------------------------------------------- NVML errors
 class NVMLError(Exception):
     """As pynvml's: ``NVMLError(code)`` builds the subclass for ``code``; ``value`` is the code."""
@@ -188,6 +200,9 @@ class FakeGpu:
     instant_lag_s: float = INSTANT_LAG_S  # that window ends this long before the field's refresh
     instant_phase_s: float = INSTANT_PHASE_S  # the field refreshes this long after each counter update
     mig_uuids: tuple[str, ...] | None = None  # MIG mode on, with these instances; None: off
+    c2c_mode: bool | None = None  # Grace Hopper: C2C mode on/off; None: not a Grace Hopper
+    grace_W: float = 0.0  # in C2C mode: the Grace CPU and its memory, counted in the module's energy
+    has_module_power_fields: bool = True  # in C2C mode: the power fields answer NVML_POWER_SCOPE_MODULE
     has_pcie_counters: bool = False
     power_W: float = 100.0
     utilisation_pct: tuple[int, int] = (97, 40)  # (gpu, memory)
@@ -261,6 +276,7 @@ class FakeNvml:
         self.latency_s: dict[str, float] = {}
         self._gates: dict[str, threading.Event] = {}
         self._failures: dict[str, int] = {}
+        self.fields_asked: list[tuple[int, int]] = []  # every (field id, scope) asked of nvmlDeviceGetFieldValues
 
     # --- test controls ------------------------------------------------------------------------
     def set_power(self, index: int, watts: float) -> None:
@@ -281,8 +297,15 @@ class FakeNvml:
         else:
             self._failures[name] = code
 
+    def module_energy_mJ(self, index: int, at_s: float) -> float:
+        """The exact energy (mJ) NVML's counter counts for GPU ``index`` from driver load to ``at_s``: the GPU's,
+        and in C2C mode the Grace CPU's and memory's too (``grace_W``)."""
+        gpu = self.gpus[index]
+        grace_mJ = gpu.grace_W * max(0.0, at_s - self.loaded_at_s) * 1000.0 if gpu.c2c_mode else 0.0
+        return self.energy_mJ(index, at_s) + grace_mJ
+
     def energy_mJ(self, index: int, at_s: float) -> float:
-        """The exact energy (mJ) GPU ``index`` has used from driver load to ``at_s``."""
+        """The exact energy (mJ) GPU ``index`` (the GPU alone) has used from driver load to ``at_s``."""
         segments = self.gpus[index]._segments
         total = 0.0
         for i, (start, watts) in enumerate(segments):
@@ -316,7 +339,7 @@ class FakeNvml:
         return self.loaded_at_s + updates * COUNTER_UPDATE_PERIOD_S
 
     def _counter_mJ(self, index: int) -> int:
-        return int(math.floor(self.energy_mJ(index, self.last_update_s()) + 1e-6))
+        return int(math.floor(self.module_energy_mJ(index, self.last_update_s()) + 1e-6))
 
     def _instant_mW(self, index: int) -> int:
         """mW: the mean over the observed window of the field's latest refresh (every 100 ms, its own
@@ -424,15 +447,16 @@ class FakeNvml:
         """One value per requested field (an id or ``(id, scope)``); each carries its own ``nvmlReturn``."""
         self._enter("nvmlDeviceGetFieldValues")
         index, gpu = self._gpu_of(handle)
+        readers = {NVML_FI_DEV_POWER_INSTANT: self._instant_mW, NVML_FI_DEV_POWER_AVERAGE: self._average_mW}
         values = []
         for requested in fieldIds:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            self.fields_asked.append((field_id, scope))
             value = _FieldValue(field_id, scope, self.clock())
-            if gpu.has_power_fields and scope == NVML_POWER_SCOPE_GPU:
-                if field_id == NVML_FI_DEV_POWER_INSTANT:
-                    value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._instant_mW(index))
-                elif field_id == NVML_FI_DEV_POWER_AVERAGE:
-                    value.nvmlReturn, value.value = NVML_SUCCESS, _Value(self._average_mW(index))
+            module = scope == NVML_POWER_SCOPE_MODULE and gpu.c2c_mode and gpu.has_module_power_fields
+            if gpu.has_power_fields and field_id in readers and (scope == NVML_POWER_SCOPE_GPU or module):
+                grace_mW = int(round(gpu.grace_W * 1000)) if module else 0
+                value.nvmlReturn, value.value = NVML_SUCCESS, _Value(readers[field_id](index) + grace_mW)
             values.append(value)
         return values
 
@@ -476,8 +500,12 @@ class FakeNvml:
         gpu.persistence_mode = mode
 
     def nvmlDeviceGetC2cModeInfoV(self, handle):
+        """A ``c_nvmlC2cModeInfo_v1_t`` on a Grace Hopper; not supported on any other GPU."""
         self._enter("nvmlDeviceGetC2cModeInfoV")
-        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu_of(handle)[1]
+        if gpu.c2c_mode is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return c_nvmlC2cModeInfo_v1_t(isC2cEnabled=1 if gpu.c2c_mode else 0)
 
     # --- MIG ------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, device):
@@ -546,6 +574,7 @@ class FakeNvml:
 for _name, _cls in ERROR_CLASSES.items():  # pynvml.NVMLError_NotSupported etc. on the fake module too
     setattr(FakeNvml, _name, _cls)
 FakeNvml.NVMLError = NVMLError
+FakeNvml.c_nvmlC2cModeInfo_v1_t = c_nvmlC2cModeInfo_v1_t
 for _name, _value in list(globals().items()):
     if _name.startswith("NVML_"):
         setattr(FakeNvml, _name, _value)
@@ -595,6 +624,12 @@ def alternating_steps_through_the_sampler(fake: FakeNvml, clock: FakeClock, boun
             marks.append(meter.mark())
     sampler.release("steps")
     return marks
+
+
+def gh200(c2c_mode: bool = True, grace_W: float = 150.0, **overrides) -> FakeGpu:
+    """One Grace Hopper module (GH200), C2C mode on by default; its Grace CPU and memory draw ``grace_W``."""
+    return FakeGpu(uuid="GPU-6a200000-1111-2222-3333-444444444444", name="NVIDIA GH200 480GB",
+                   c2c_mode=c2c_mode, grace_W=grace_W, **overrides)
 
 
 def h100s(count: int = 2, **overrides) -> list[FakeGpu]:

@@ -16,17 +16,23 @@ from fakes_nvml import (
     ERROR_CLASSES,
     NVML_DEVICE_ARCH_AMPERE,
     NVML_DEVICE_ARCH_PASCAL,
+    NVML_DEVICE_ARCH_VOLTA,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_NO_PERMISSION,
+    NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_UNKNOWN,
+    NVML_FI_DEV_POWER_INSTANT,
+    NVML_POWER_SCOPE_GPU,
+    NVML_POWER_SCOPE_MODULE,
     FakeClock,
     FakeGpu,
     FakeNvml,
     FakeTorch,
     alternating_steps_through_the_sampler,
+    gh200,
     h100s,
 )
-from lightning_energy.measure.sensors import detect
+from lightning_energy.measure.sensors import detect, nvml_families
 from lightning_energy.measure.sensors import nvml as nvml_module
 from lightning_energy.measure.sensors.nvml import NvmlGpuSensor, nvml_index_for_cuda_device
 
@@ -73,6 +79,19 @@ def test_the_fake_mirrors_pynvml_names_numbers_signatures_and_error_classes():
         real = inspect.signature(getattr(pynvml, name))
         ours = inspect.signature(getattr(fake, name))
         assert list(ours.parameters) == list(real.parameters), name
+    # what nvmlDeviceGetC2cModeInfoV returns (Zeus reads its isC2cEnabled)
+    assert fake.c_nvmlC2cModeInfo_v1_t._fields_ == pynvml.c_nvmlC2cModeInfo_v1_t._fields_
+
+
+def test_the_sensors_nvml_numbers_are_pynvmls():
+    """nvml.py and nvml_families.py name nvml.h's numbers themselves (a pynvml that predates a name still
+    maps): each must be the installed binding's."""
+    pynvml = pytest.importorskip("pynvml")
+    for module in (nvml_module, nvml_families):
+        names = [n for n in dir(module) if n.startswith("NVML_") and n != "NVML_COUNTER_UPDATE_PERIOD_S"]
+        assert len(names) > 5, module.__name__
+        for name in names:
+            assert getattr(module, name) == getattr(pynvml, name), name
 
 
 def test_the_fake_counter_is_in_mj_and_advances_every_100_ms(clock):
@@ -372,3 +391,114 @@ def test_100_ms_steps_on_an_h100_counter_are_attributed_through_the_sampler(cloc
     total = measure(marks[0], marks[-1]).energy_J["gpu0"]
     exact_total = (fake.energy_mJ(0, marks[-1].t) - fake.energy_mJ(0, marks[0].t)) / 1000.0
     assert total == pytest.approx(exact_total, abs=2 * 0.003 * 100.0)  # the edges' update placement only
+
+
+# ------------------------------------------------------------ Grace Hopper (GH200): the counter is the module's
+def test_a_grace_hopper_in_c2c_mode_is_measured_as_one_module_without_a_host_estimate(monkeypatch, clock, tmp_path):
+    """GH200 in C2C mode: NVML's counter holds the Grace CPU and memory too (as Zeus reads it). The sensor says
+    "module", is shaped by the module-scope instant power (the power the counter counts), and detection adds
+    no host CPU sensor beside it (no RAPL on Grace: the old code added the CPU estimate, counting the CPU twice)."""
+    fake = FakeNvml([gh200(power_W=400.0, grace_W=150.0)], clock)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sensors, notes = detect.default_sensors(0, read_host=True, powercap_root=tmp_path)  # no RAPL zones here
+    assert [type(s).__name__ for s in sensors] == ["NvmlGpuSensor"]  # no CpuEstimateSensor
+    assert len(notes) == 1 and "C2C" in notes[0] and "twice" in notes[0] and "Grace CPU" in notes[0]
+    (sensor,) = sensors
+    sensor.open()
+    assert fake.calls["nvmlDeviceGetC2cModeInfoV"] >= 1
+    described = sensor.describe()
+    assert described["power_scope"] == "module" and sensor.power_scope == "module"
+    assert "whole module" in described["source"] and "Grace CPU" in described["source"]
+    assert "module scope" in described["power_field"]
+    assert sensor.shape_power_field == "power_W" and "module-scope instant power" in sensor.source
+    assert "assumed, not measured" in sensor.source and described["shaping_measured"] is False
+    assert (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_MODULE) in fake.fields_asked
+    assert (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU) not in fake.fields_asked
+    clock.advance(2.0)
+    assert sensor.read_fields()["power_W"] == pytest.approx(550.0)  # the module: GPU 400 W + Grace 150 W
+    assert sensor.energy_j() == pytest.approx(2.0 * 550.0)  # the counter counts the module
+    sensor.close()
+    assert fake.init_count == 0
+
+
+def test_a_grace_hopper_without_the_module_power_field_is_not_shaped(clock):
+    """Shaping a module counter by the GPU's power would move the Grace CPU's energy with the GPU's steps."""
+    sensor = opened(FakeNvml([gh200(has_module_power_fields=False)], clock))
+    assert sensor.power_scope == "module" and sensor.kind == "energy"
+    assert sensor.shape_power_field is None and sensor.shaping_family is None and "shaped" not in sensor.source
+    assert "module scope" not in sensor.power_field  # power_W is what NVML's GPU query says, and says so
+
+
+def test_a_grace_hopper_with_c2c_off_and_other_gpus_are_gpu_scope(monkeypatch, clock, tmp_path):
+    fake = FakeNvml([gh200(c2c_mode=False)], clock)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sensors, notes = detect.default_sensors(0, read_host=True, powercap_root=tmp_path)
+    assert [type(s).__name__ for s in sensors] == ["NvmlGpuSensor", "CpuEstimateSensor"] and notes == []
+    sensors[0].open()
+    assert sensors[0].power_scope == "gpu" and "module" not in sensors[0].source
+    assert (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU) in fake.fields_asked
+    sensors[0].close()
+    assert opened(FakeNvml(h100s(1), clock)).power_scope == "gpu"
+
+
+def test_a_c2c_query_that_fails_otherwise_than_not_supported_is_not_taken_as_no(clock):
+    fake = FakeNvml([gh200()], clock)
+    fake.fail("nvmlDeviceGetC2cModeInfoV", NVML_ERROR_UNKNOWN)
+    fake.nvmlInit()
+    with pytest.raises(RuntimeError, match="nvmlDeviceGetC2cModeInfoV"):
+        NvmlGpuSensor(0, pynvml_module=fake).open()
+    fake.fail("nvmlDeviceGetC2cModeInfoV", NVML_ERROR_NOT_SUPPORTED)
+    assert opened(fake).power_scope == "gpu"
+
+
+# ------------------------------------------------------------ the card families' shaping constants, labelled
+def test_the_shaping_constants_come_from_the_card_familys_row_and_say_if_measured(clock):
+    """Only the H200's figures were measured (Hopper); other families reuse them, labelled as assumed."""
+    hopper = opened(FakeNvml(h100s(1), clock))
+    assert hopper.shaping_family is nvml_families.SHAPING_FAMILIES[nvml_families.NVML_DEVICE_ARCH_HOPPER]
+    assert (hopper.shape_window_s, hopper.shape_lag_s, hopper.counter_update_period_s) == (0.025, 0.011, 0.1)
+    assert "measured on an NVIDIA H200, driver 580.159.04" in hopper.source
+    assert hopper.describe()["shaping_measured"] is True and "Hopper" in hopper.describe()["shaping"]
+    a10 = opened(FakeNvml([FakeGpu(uuid="GPU-a", name="NVIDIA A10", architecture=NVML_DEVICE_ARCH_AMPERE)], clock))
+    assert a10.shaping_family.family == "Ampere" and a10.describe()["shaping_measured"] is False
+    assert "assumed, not measured" in a10.source
+    volta = opened(FakeNvml(h100s(1, architecture=NVML_DEVICE_ARCH_VOLTA), clock))
+    assert volta.shaping_family is None and volta.describe()["shaping"] is None
+    newer = nvml_families.shaping_family(13)  # an architecture after the table's: assumed, and says which
+    assert newer is not None and not newer.measured and "13" in newer.family
+    assert nvml_families.shaping_family(0xFFFFFFFF) is None  # NVML_DEVICE_ARCH_UNKNOWN
+
+
+# ------------------------------------------------------------ what the docstrings promise
+def test_power_usage_on_ga100_is_instantaneous_as_nvml_documents(clock):
+    """NVML: "On Ampere (except GA100) or newer GPUs, the API returns power averaged over 1 sec interval. On
+    GA100 and older architectures, instantaneous power is returned." (The old code called it a 1-s average.)"""
+    a100 = FakeGpu(uuid="GPU-a", name="NVIDIA A100-SXM4-80GB", architecture=NVML_DEVICE_ARCH_AMPERE,
+                   has_energy_counter=False, has_power_fields=False, power_usage_is_average=False,
+                   observed_window_s=None, power_W=100.0)
+    fake = FakeNvml([a100], clock)
+    sensor = opened(fake)
+    clock.advance(2.0)
+    fake.set_power(0, 300.0)
+    clock.advance(0.25)
+    assert sensor.power_w() == 300.0
+    assert sensor.reading == "instant power" and "instantaneous on GA100" in sensor.power_field
+    for name in ("NVIDIA A100 80GB PCIe", "NVIDIA A800-SXM4-80GB", "NVIDIA A30", "NVIDIA A100X"):
+        assert not nvml_families.power_usage_is_average(NVML_DEVICE_ARCH_AMPERE, name), name
+    for name in ("NVIDIA A10", "NVIDIA RTX A3000 Laptop GPU", "NVIDIA H100 80GB HBM3", "NVIDIA A40"):
+        assert nvml_families.power_usage_is_average(NVML_DEVICE_ARCH_AMPERE, name), name
+
+
+def test_only_not_supported_leaves_telemetry_out(clock):
+    """A telemetry query that fails for another reason when the sensor opens (a timeout under load) stays
+    (reading NaN while it fails); the old code dropped it for the whole run."""
+    fake = FakeNvml(h100s(1), clock)
+    fake.fail("nvmlDeviceGetTemperature", NVML_ERROR_UNKNOWN)
+    fake.fail("nvmlDeviceGetPerformanceState", NVML_ERROR_NOT_SUPPORTED)
+    sensor = opened(fake)
+    fields = sensor.read_fields()
+    assert fields["temperature_C"] != fields["temperature_C"] and "pstate" not in fields
+    fake.fail("nvmlDeviceGetTemperature", None)
+    fake.fail("nvmlDeviceGetPerformanceState", None)
+    fields = sensor.read_fields()
+    assert fields["temperature_C"] == 61.0 and "pstate" not in fields  # not supported at open: absent

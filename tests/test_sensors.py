@@ -417,6 +417,63 @@ def test_zeus_backend_without_devices_fails_with_a_clear_message(monkeypatch):
         zeus_sensors(None, read_host=True)
 
 
+@pytest.fixture
+def zeus_on_fake_nvml(monkeypatch, clock):
+    """Zeus and the project's mapping both on a fake NVML (``fakes_nvml``) with an A10 and two H100s; no
+    RAPL; Zeus's GPU singleton reset, so that its own ``get_gpus()`` would run if called."""
+    from fakes_nvml import NVML_DEVICE_ARCH_AMPERE, FakeGpu, FakeNvml, h100s
+    from lightning_energy.measure.sensors.zeus import _import_zeus_monitor
+
+    _import_zeus_monitor()
+    import zeus.device.gpu as zeus_gpu
+    import zeus.device.gpu.nvidia as zeus_nvidia
+    from zeus.device.cpu.common import ZeusCPUInitError
+    from zeus.monitor import energy as zeus_energy
+
+    gpus = [FakeGpu(uuid="GPU-a10a10a1-0000-0000-0000-000000000000", name="NVIDIA A10",
+                    architecture=NVML_DEVICE_ARCH_AMPERE, power_W=60.0), *h100s(2, power_W=300.0)]
+    gpus[2].power_W = 500.0
+    fake = FakeNvml(gpus, clock)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(zeus_nvidia, "pynvml", fake)
+    monkeypatch.setattr(zeus_gpu, "nvml_is_available", lambda: True)
+    monkeypatch.setattr(zeus_gpu, "_gpus", None)
+
+    def no_rapl():
+        raise ZeusCPUInitError("RAPL unavailable (test)")
+
+    monkeypatch.setattr(zeus_energy, "get_cpus", no_rapl)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    return fake
+
+
+def test_zeus_backend_reads_the_card_the_projects_mapping_names(monkeypatch, clock, zeus_on_fake_nvml):
+    """CUDA_VISIBLE_DEVICES with a GPU- UUID: Zeus's own get_gpus() int-parses it (ValueError, the old
+    backend failed); the project's mapping names NVML GPU 2, and Zeus is given that card."""
+    fake = zeus_on_fake_nvml
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000001")  # a unique prefix of NVML GPU 2's UUID
+    sensors, backend = zeus_sensors(0, read_host=False)
+    (sensor,) = sensors
+    assert (backend.nvml_index, sensor.name, sensor.nvml_index) == (2, "zeus_gpu2", 2)
+    assert sensor.describe()["device_uuid"] == fake.gpus[2].uuid and "NVML GPU 2" in sensor.source
+    assert sensor.counter_update_period_s == 0.1
+    start = sensor.energy_j()
+    clock.advance(1.0)
+    assert sensor.energy_j() - start == pytest.approx(500.0)  # NVML GPU 2 draws 500 W, the others 60/300
+    assert fake.init_count == 1  # the mapping gave its nvmlInit back; Zeus's collection holds its own
+
+
+def test_zeus_backend_refuses_ordinals_on_mixed_gpus_without_pci_bus_order(monkeypatch, zeus_on_fake_nvml):
+    """An A10 and H100s: CUDA numbers them fastest first, NVML in PCI bus order, so ordinal 1 is not NVML GPU 1
+    for certain. Zeus's get_gpus() ignores CUDA_DEVICE_ORDER and would read NVML GPU 1 silently."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(RuntimeError, match="backend='zeus'.*CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+        zeus_sensors(0, read_host=False)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    sensors, backend = zeus_sensors(0, read_host=False)
+    assert [s.name for s in sensors] == ["zeus_gpu1"] and backend.nvml_index == 1
+
+
 def test_zeus_epoch_figure_leaves_validation_out():
     """Zeus's epoch figure: windows opened at epoch start, closed over validation, summed at epoch end."""
     calls = []

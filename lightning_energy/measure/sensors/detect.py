@@ -1,7 +1,13 @@
-"""The sensors used when the user passes none: what this rank can measure, else a labelled estimate."""
+"""The sensors used when the user passes none: what this rank can measure, else a labelled estimate.
+
+Also what a session needs to measure every GPU once: the CUDA devices a model uses besides the root device
+(:func:`other_cuda_devices`, :func:`other_device_sensors`), and which ranks' GPU sensors to leave out of
+all-rank sums where two ranks read one card (:func:`duplicate_device_sensors`).
+"""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
@@ -11,9 +17,12 @@ from lightning_energy.measure.sensors.nvml import (
     CudaDeviceMappingError,
     MigDeviceError,
     NvmlError,
+    NvmlGpu,
     NvmlGpuSensor,
-    nvml_errors,
+    nvml_gpu_for_cuda_device,
     nvml_index_for_cuda_device,
+    nvml_session,
+    uuid_body,
 )
 from lightning_energy.measure.sensors import rapl
 from lightning_energy.measure.sensors.rapl import RaplSensor, find_rapl_zones, unreadable_rapl_message
@@ -23,25 +32,37 @@ BACKENDS = ("auto", "zeus")
 GPU_UNREADABLE = (ImportError, NvmlError, CudaDeviceMappingError, MigDeviceError)
 
 
+def _pynvml(pynvml_module):
+    if pynvml_module is None:
+        import pynvml as pynvml_module
+    return pynvml_module
+
+
 def nvml_index_of_cuda_device(cuda_index: int, pynvml_module=None) -> int:
     """The NVML index (``nvidia-smi -i``) of this process's CUDA device ``cuda_index``.
 
-    The one CUDA -> NVML mapping, for measurement (:class:`NvmlGpuSensor`) and power-limit control alike
-    (see :func:`lightning_energy.measure.sensors.nvml.nvml_index_for_cuda_device` for the rules: the UUID torch
-    reports, else ``CUDA_VISIBLE_DEVICES`` with indices or ``GPU-`` UUIDs and ``CUDA_DEVICE_ORDER``).
-    Initialises NVML for the call and shuts it down after; NVML counts ``nvmlInit``/``nvmlShutdown``
-    pairs, so handles opened elsewhere stay valid. Raises one of :data:`GPU_UNREADABLE`.
+    The one CUDA -> NVML mapping, for measurement (:class:`NvmlGpuSensor`, ``backend="zeus"``) and power-limit
+    control alike (see :func:`lightning_energy.measure.sensors.nvml.nvml_index_for_cuda_device` for the rules:
+    the UUID torch reports, else ``CUDA_VISIBLE_DEVICES`` with indices or ``GPU-`` UUIDs and
+    ``CUDA_DEVICE_ORDER``). Initialises NVML for the call and shuts it down after; NVML counts
+    ``nvmlInit``/``nvmlShutdown`` pairs, so handles opened elsewhere stay valid. Raises one of
+    :data:`GPU_UNREADABLE`.
     """
-    if pynvml_module is None:
-        import pynvml as pynvml_module
-    nvml = pynvml_module
-    with nvml_errors(nvml, "nvmlInit"):
-        nvml.nvmlInit()
-    try:
+    with nvml_session(_pynvml(pynvml_module)) as nvml:
         return nvml_index_for_cuda_device(nvml, cuda_index)
-    finally:
-        with nvml_errors(nvml, "nvmlShutdown"):
-            nvml.nvmlShutdown()
+
+
+def nvml_gpu_of_cuda_device(cuda_index: int, pynvml_module=None) -> NvmlGpu:
+    """:func:`nvml_index_of_cuda_device`, with the card's UUID, name and whether NVML measures its whole
+    module (Grace Hopper in C2C mode). Raises one of :data:`GPU_UNREADABLE`."""
+    with nvml_session(_pynvml(pynvml_module)) as nvml:
+        return nvml_gpu_for_cuda_device(nvml, cuda_index)
+
+
+def module_counter_note(gpu: NvmlGpu) -> str:
+    """Why no host CPU sensor is read beside a Grace Hopper module's counter."""
+    return (f"NVML GPU {gpu.nvml_index} ({gpu.name}) is a Grace Hopper module in C2C mode: its energy counter "
+            "already holds the Grace CPU and its memory, so no host CPU sensor is read (it would count them twice).")
 
 
 def default_sensors(
@@ -53,7 +74,8 @@ def default_sensors(
     """Sensors for this rank and the warnings to show once (rank zero).
 
     ``cuda_index``: this rank's CUDA device (after CUDA_VISIBLE_DEVICES), or None on CPU.
-    ``read_host``: read host sensors (local rank 0 only).
+    ``read_host``: read host sensors (local rank 0 only). Not beside a Grace Hopper module in C2C mode,
+    whose counter holds the Grace CPU and its memory already (a note says so).
     ``powercap_root``: where RAPL zones are looked for (default ``rapl.POWERCAP_ROOT``, read at call time).
     ``pynvml_module``: the NVML binding (default ``import pynvml``; tests pass a fake).
     """
@@ -63,10 +85,14 @@ def default_sensors(
     notes: list[str] = []
     if cuda_index is not None:
         try:
-            nvml_index = nvml_index_of_cuda_device(cuda_index, pynvml_module)
-            sensors.append(NvmlGpuSensor(nvml_index, pynvml_module=pynvml_module))
+            gpu = nvml_gpu_of_cuda_device(cuda_index, pynvml_module)
         except GPU_UNREADABLE as err:
             notes.append(f"GPU energy cannot be read through NVML ({type(err).__name__}: {err}); GPU energy is not counted.")
+        else:
+            sensors.append(NvmlGpuSensor(gpu.nvml_index, pynvml_module=pynvml_module))
+            if gpu.module_scope and read_host:
+                notes.append(module_counter_note(gpu))
+                read_host = False
     if read_host:
         zones, unreadable = find_rapl_zones(powercap_root)
         if zones:
@@ -78,13 +104,94 @@ def default_sensors(
     return sensors, notes
 
 
-def zeus_sensors(cuda_index: int | None, read_host: bool):
-    """Sensors and the backend object for ``backend="zeus"``; raises if Zeus finds nothing to read."""
+# ------------------------------------------------------------------ several GPUs in one process
+def other_cuda_devices(module, root_device) -> list:
+    """The CUDA devices (``torch.device``, by index) holding parameters or buffers of ``module`` other than
+    ``root_device`` (the strategy's root device, with its index): pipeline stages or layers placed by hand,
+    which the session's sensors and marks (root device only) would otherwise miss."""
+    root = (root_device.type, root_device.index)
+    found = {}
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        device = tensor.device
+        if device.type == "cuda" and (device.type, device.index) != root:
+            found.setdefault(device.index, device)
+    return [found[index] for index in sorted(found)]
+
+
+def other_device_sensors(module, root_device, pynvml_module=None) -> tuple[list[Sensor], list[str]]:
+    """NVML sensors for :func:`other_cuda_devices` of ``module``, and notes to show once: one line naming
+    those devices and their sensors, one per device that cannot be read. Nothing when the model lives on
+    the root device alone. A device on the root device's card is left out (that card is measured already)."""
+    devices = other_cuda_devices(module, root_device)
+    if not devices:
+        return [], []
+    root_index = None
+    if root_device.type == "cuda":
+        try:
+            root_index = nvml_index_of_cuda_device(root_device.index, pynvml_module)
+        except GPU_UNREADABLE:
+            pass  # the root's own detection has said why
+    sensors: list[Sensor] = []
+    notes: list[str] = []
+    for device in devices:
+        try:
+            index = nvml_index_of_cuda_device(device.index, pynvml_module)
+        except GPU_UNREADABLE as err:
+            notes.append(f"{device}'s energy cannot be read through NVML ({type(err).__name__}: {err}); "
+                         "it is not counted.")
+            continue
+        if index != root_index and all(s.nvml_index != index for s in sensors):
+            sensors.append(NvmlGpuSensor(index, pynvml_module=pynvml_module))
+    notes.insert(0, other_devices_note(root_device, devices, sensors))
+    return sensors, notes
+
+
+def other_devices_note(root_device, devices: list, sensors: list[Sensor]) -> str:
+    """One line: the model uses ``devices`` besides ``root_device``; which sensors measure them; marks wait on
+    the root device only."""
+    where = ", ".join(str(d) for d in devices)
+    measured = (f"their GPUs are measured too ({', '.join(s.name for s in sensors)})" if sensors
+                else "their energy is not measured")
+    return (f"The model has parameters or buffers on {where} besides the root device {root_device}: {measured}; "
+            f"step and epoch boundaries are timed on {root_device}'s stream only.")
+
+
+# ------------------------------------------------------------------ one card, several ranks
+def duplicate_device_sensors(per_rank: list[list[dict]]) -> set[tuple[int, str]]:
+    """Which (rank, sensor name) to leave out of all-rank sums so that each physical card counts once.
+
+    ``per_rank[r]``: rank ``r``'s sensor descriptions (``Sensor.describe()``; GPU sensors carry
+    ``device_uuid``). Two ranks reading one card (MPS, a mis-set ``CUDA_VISIBLE_DEVICES``) each read all of
+    it: the lowest rank keeps it, every later reading of the same UUID (a later rank's, or a second sensor
+    of the same rank) is named here. Sensors without a UUID (host sensors, user sensors) are never named.
+    """
+    owner: dict[str, tuple[int, str]] = {}
+    duplicates: set[tuple[int, str]] = set()
+    for rank, described in enumerate(per_rank):
+        for sensor in described:
+            uuid = sensor.get("device_uuid")
+            if not uuid:
+                continue
+            key = uuid_body(str(uuid))
+            if key in owner:
+                duplicates.add((rank, sensor["name"]))
+            else:
+                owner[key] = (rank, sensor["name"])
+    return duplicates
+
+
+def zeus_sensors(cuda_index: int | None, read_host: bool, pynvml_module=None):
+    """Sensors and the backend object for ``backend="zeus"``; raises if Zeus finds nothing to read, or if the
+    CUDA device cannot be told for certain (the same CUDA -> NVML mapping as ``backend="auto"``)."""
     from lightning_energy.measure.sensors.zeus import ZeusBackend
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Zeus warns about every absent vendor library
-        backend = ZeusBackend(cuda_index, with_cpu=read_host)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Zeus warns about every absent vendor library
+            backend = ZeusBackend(cuda_index, with_cpu=read_host, pynvml_module=pynvml_module)
+    except GPU_UNREADABLE as err:
+        raise RuntimeError(f"backend='zeus': cannot tell which NVIDIA GPU CUDA device {cuda_index} is "
+                           f"({type(err).__name__}: {err})") from err
     sensors = backend.sensors()
     if not sensors and (cuda_index is not None or read_host):
         raise RuntimeError(

@@ -6,16 +6,20 @@ What is read, in this order of preference (the sensor's ``reading`` and ``source
   loaded, updated about every 100 ms (Volta and newer).
 - Otherwise power, polled and integrated by the sampler (milliwatts):
   ``"instant power"`` from the ``NVML_FI_DEV_POWER_INSTANT`` field where the driver has it, else
-  ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1-s average on Ampere and newer parts
-  (except GA100) and as instantaneous on older ones (``"1-s average power"`` / ``"instant power"``).
+  ``nvmlDeviceGetPowerUsage``, which NVML documents as a 1-s average on Ampere and newer parts except
+  GA100 (A100, A800, A30) and as instantaneous on GA100 and older parts (``"1-s average power"`` /
+  ``"instant power"``; the GA100 exception is told by the card's name, see
+  :func:`lightning_energy.measure.sensors.nvml_families.power_usage_is_average`).
 
 Counter and power together (Ampere and newer, with the instant field): the counter gives the exact
 energy of each 100 ms update period but not where in it the work changed; the instant power, the mean
-over the ~25 ms the card's power sensor observes in each period (``shape_window_s``), says which power
-held on which side of a step boundary. The sampler passes it (``shape_power_field``) to the series,
-which shares each period's exact energy out by it (``lightning_energy.measure.series``).
+over the part of each period the card's power sensor observes (``shape_window_s``), says which power held
+on which side of a step boundary. The sampler passes it (``shape_power_field``) to the series, which
+shares each period's exact energy out by it (``lightning_energy.measure.series``). The window, its lag
+and the period come from the card family's row of :mod:`lightning_energy.measure.sensors.nvml_families`
+(``shaping_family``), which says whether they were measured on that family or assumed from the H200.
 
-Measured on an H200 (driver 580.159, ``benchmarks/nvml_semantics.py``, read-only): the counter advances
+Measured on an H200 (driver 580.159.04, ``benchmarks/nvml_semantics.py``, read-only): the counter advances
 every 100.0 ms and each increment holds its whole period's energy (random 20-150 ms bursts: R² 0.92 for
 the whole period against 0.73 for a 25 ms window); the instant field refreshes every 100.0 ms on a clock
 of its own (38 to 82 ms after the counter's updates, medians of four runs) and holds the mean power over
@@ -23,18 +27,29 @@ the 25 ms ending 11 ms before its refresh (R² 0.98; ``shape_lag_s``); ``nvmlDev
 1-s average field; a counter read takes 2.4 ms (the other queries 1-8 µs): it is read on the sampling
 thread only, which times each read's end (``read_end_s`` of the series).
 
+Grace Hopper (GH200) in C2C mode (``nvmlDeviceGetC2cModeInfoV``, as Zeus detects it): the energy counter
+covers the whole module, the Grace CPU and its memory included. The sensor then says so
+(``power_scope == "module"``, in its source and description), shapes the counter with the module-scope
+instant power (``NVML_POWER_SCOPE_MODULE``; not at all where the driver has no such field), and
+:func:`lightning_energy.measure.sensors.detect.default_sensors` adds no host CPU sensor beside it.
+
 At each sample the telemetry of the GPU power study is recorded where the card exposes it: utilisation,
 memory utilisation, SM and memory clocks, power state, power (same field as above), temperature and
 PCIe TX/RX throughput.
 
 Errors: every failed NVML call raises an :class:`NvmlError` subclass that names the call, the GPU and
-NVML's error code (:func:`nvml_errors`), as Zeus's ``_handle_nvml_errors`` does; only "not supported"
-is taken as an answer (no counter, no instant field, no such telemetry). MIG: a MIG instance, or a GPU
-in MIG mode, is refused (:class:`MigDeviceError`): NVML has no per-instance energy, and the parent GPU's
-counter would count every co-tenant's work too.
+NVML's error code (:func:`nvml_errors`), as Zeus's ``_handle_nvml_errors`` does. What a card offers is
+probed once, when the sensor opens, and only "not supported" (or a driver without the function, or,
+for the power field, without that field) is taken as the answer "absent": no counter, no instant field,
+not C2C, no such telemetry. Any other error of a probe fails the open, except a telemetry query's: that
+field is kept and reads NaN while NVML fails it.
+MIG: a MIG instance, or a GPU in MIG mode, is refused (:class:`MigDeviceError`): NVML has no
+per-instance energy, and the parent GPU's counter would count every co-tenant's work too.
 
 The CUDA -> NVML mapping (:func:`nvml_index_for_cuda_device`) is the one shared by measurement and
-power-limit control (see ``lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device``).
+power-limit control (see ``lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device``). Every
+opened sensor names its card by UUID (``device_uuid``), so that two ranks reading one card can count it
+once (``lightning_energy.measure.sensors.detect.duplicate_device_sensors``).
 """
 
 from __future__ import annotations
@@ -44,16 +59,19 @@ import functools
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.sensors.nvml_families import (
+    NVML_COUNTER_UPDATE_PERIOD_S,
+    ShapingFamily,
+    is_ga100,
+    power_usage_is_average,
+    shaping_family,
+)
 from lightning_energy.units import J_PER_MJ, W_PER_MW
 
-NVML_COUNTER_UPDATE_PERIOD_S = 0.1  # the total-energy counter advances about every 100 ms
-# A100/H100 (Ampere and newer): the power sensor observes only ~25 ms of each 100 ms; the instant power is the
-# mean over that window, refreshed every 100 ms on the field's own schedule (see the module docstring)
-NVML_OBSERVED_WINDOW_S = 0.025
-NVML_INSTANT_LAG_S = 0.011  # the instant power's window ends this long before the field refreshes (H200)
 PCIE_READ_INTERVAL_S = 1.0  # each PCIe throughput query blocks ~20 ms in the driver: read it at most 1 Hz
 
 # nvml.h values (the same numbers as pynvml's constants); used directly so that a pynvml that predates a
@@ -70,9 +88,13 @@ NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_FI_DEV_POWER_INSTANT = 186
 NVML_POWER_SCOPE_GPU = 0
+NVML_POWER_SCOPE_MODULE = 1
 NVML_DEVICE_MIG_ENABLE = 1
-NVML_DEVICE_ARCH_AMPERE = 7
 INSTANT_POWER_FIELD = (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU)  # (field id, scope), as Zeus asks
+MODULE_INSTANT_POWER_FIELD = (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_MODULE)  # Grace Hopper in C2C mode
+
+POWER_SCOPE_GPU = "gpu"  # the sensor's power_scope: what its counter and power cover
+POWER_SCOPE_MODULE = "module"  # a Grace superchip in C2C mode: GPU, Grace CPU and memory
 
 READING_COUNTER = "energy counter"
 READING_INSTANT = "instant power"
@@ -166,6 +188,11 @@ def nvml_errors(nvml, what: str) -> Iterator[None]:
         raise nvml_error(err, what) from err
 
 
+def is_absent(err: NvmlError) -> bool:
+    """Whether ``err`` says the query does not exist here: "not supported", or a driver without the function."""
+    return isinstance(err, NvmlNotSupportedError) or err.code == NVML_ERROR_FUNCTION_NOT_FOUND
+
+
 def _handle_nvml_errors(method: Callable) -> Callable:
     """For :class:`NvmlGpuSensor` methods: NVML errors become typed errors naming the method and GPU."""
 
@@ -190,12 +217,26 @@ def load_pynvml():
     return pynvml
 
 
+@contextlib.contextmanager
+def nvml_session(nvml) -> Iterator[Any]:
+    """NVML initialised for the block (one ``nvmlInit`` and its ``nvmlShutdown``). NVML counts the pairs, so
+    handles opened elsewhere stay valid after it."""
+    with nvml_errors(nvml, "nvmlInit"):
+        nvml.nvmlInit()
+    try:
+        yield nvml
+    finally:
+        with nvml_errors(nvml, "nvmlShutdown"):
+            nvml.nvmlShutdown()
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _uuid_body(uuid: str) -> str:
-    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (torch prints none, NVML one)."""
+def uuid_body(uuid: str) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (torch prints none, NVML one): the key that
+    tells whether two UUIDs name one card."""
     uuid = uuid.strip().lower()
     for prefix in ("gpu-", "mig-"):
         if uuid.startswith(prefix):
@@ -213,6 +254,22 @@ def _mig_mode_enabled(nvml, handle, what: str) -> bool:
     except NvmlNotSupportedError:
         return False
     return current == NVML_DEVICE_MIG_ENABLE
+
+
+def c2c_mode_enabled(nvml, handle, what: str) -> bool:
+    """Whether the GPU is a Grace superchip module in C2C mode (GH200), found as Zeus finds it
+    (``nvmlDeviceGetC2cModeInfoV(handle).isC2cEnabled``): NVML's energy counter then covers the whole module,
+    the Grace CPU and memory included. False where NVML or the GPU has no C2C mode ("not supported")."""
+    if not hasattr(nvml, "nvmlDeviceGetC2cModeInfoV"):
+        return False
+    try:
+        with nvml_errors(nvml, f"nvmlDeviceGetC2cModeInfoV on {what}"):
+            info = nvml.nvmlDeviceGetC2cModeInfoV(handle)
+    except NvmlError as err:
+        if is_absent(err):
+            return False
+        raise
+    return bool(info.isC2cEnabled)
 
 
 def _is_mig_device_handle(nvml, handle) -> bool:
@@ -285,6 +342,26 @@ def nvml_index_for_cuda_device(pynvml, cuda_index: int) -> int:
     return _index_of_ordinal(pynvml, count, ordinal, f"CUDA device {cuda_index} ({where})")
 
 
+@dataclass(frozen=True)
+class NvmlGpu:
+    """The NVML GPU behind a CUDA device: ``nvml_index`` (``nvidia-smi -i``), ``uuid`` (``GPU-...``), ``name``,
+    and ``module_scope``: a Grace superchip in C2C mode (GH200), whose energy counter covers the whole module
+    (GPU, Grace CPU and memory)."""
+
+    nvml_index: int
+    uuid: str
+    name: str
+    module_scope: bool
+
+
+def nvml_gpu_for_cuda_device(pynvml, cuda_index: int) -> NvmlGpu:
+    """:func:`nvml_index_for_cuda_device`, with the card's UUID, name and whether NVML measures its whole
+    module (Grace Hopper in C2C mode). NVML must be initialised by the caller."""
+    index = nvml_index_for_cuda_device(pynvml, cuda_index)
+    return NvmlGpu(index, _gpu_uuid(pynvml, index), _gpu_name(pynvml, index),
+                   c2c_mode_enabled(pynvml, _gpu(pynvml, index), f"NVML GPU {index}"))
+
+
 def _device_count(nvml) -> int:
     with nvml_errors(nvml, "nvmlDeviceGetCount"):
         return int(nvml.nvmlDeviceGetCount())
@@ -312,14 +389,14 @@ def _refuse_mig_mode(nvml, index: int, what: str) -> int:
 
 
 def _index_of_uuid(nvml, count: int, uuid: str, what: str) -> int:
-    body = _uuid_body(uuid)
+    body = uuid_body(uuid)
     for index in range(count):
-        if _uuid_body(_gpu_uuid(nvml, index)) == body:
+        if uuid_body(_gpu_uuid(nvml, index)) == body:
             return _refuse_mig_mode(nvml, index, what)
     for index in range(count):  # not a whole GPU: is it a MIG instance?
         handle = _gpu(nvml, index)
         if _mig_mode_enabled(nvml, handle, f"NVML GPU {index}"):
-            if any(_uuid_body(mig) == body for mig in _mig_uuids(nvml, handle, f"NVML GPU {index}")):
+            if any(uuid_body(mig) == body for mig in _mig_uuids(nvml, handle, f"NVML GPU {index}")):
                 raise _mig_refusal(f"{what} is a MIG instance of NVML GPU {index}")
     raise CudaDeviceMappingError(f"{what}: no NVML device has this UUID")
 
@@ -404,27 +481,33 @@ class NvmlGpuSensor(Sensor):
     """The energy of one NVIDIA GPU (scope ``"device"``) by its NVML index, with per-sample telemetry.
 
     ``reading`` (set by :meth:`open`): ``"energy counter"`` (J from the mJ counter), or power in W from
-    ``"instant power"`` / ``"1-s average power"`` (see the module docstring). Failed NVML calls raise
-    :class:`NvmlError` subclasses; a GPU in MIG mode is refused with :class:`MigDeviceError`.
-    ``pynvml_module``: the NVML binding (default: ``import pynvml`` when opened).
+    ``"instant power"`` / ``"1-s average power"`` (see the module docstring). ``power_scope``: ``"gpu"``,
+    or ``"module"`` on a Grace Hopper in C2C mode, whose counter holds the Grace CPU and memory too.
+    ``device_uuid``: the card's NVML UUID (``GPU-...``). ``shaping_family``: the card family's row of
+    :mod:`~lightning_energy.measure.sensors.nvml_families` the counter is shaped by (None: not shaped).
+    Failed NVML calls raise :class:`NvmlError` subclasses; a GPU in MIG mode is refused with
+    :class:`MigDeviceError`. ``pynvml_module``: the NVML binding (default: ``import pynvml`` when opened).
     """
 
     def __init__(self, nvml_index: int, name: str | None = None, pynvml_module=None) -> None:
         super().__init__(name or f"gpu{nvml_index}", "device")
         self.nvml_index = nvml_index
+        self.device_uuid: str | None = None  # set when opened
+        self.power_scope: str | None = None  # POWER_SCOPE_GPU or POWER_SCOPE_MODULE, set when opened
         self.reading: str | None = None
         self.power_field: str | None = None  # the NVML query behind power_w() and the power_W telemetry
         self._nvml = pynvml_module
         self._initialised = False
         self._handle = None
         self._mode = "energy"
-        self._instant_field = False
+        self._instant_field: tuple[int, int] | None = None  # (field id, scope) of the instant power, if offered
         self._power_is_average = False
         self._telemetry: dict[str, Callable[[], dict[str, float]]] = {}
         self._last_pcie_read = -float("inf")
         self._pcie_supported: bool | None = None  # None: not tried yet (tried on the sampling thread)
         # counter + instant power (set when opened, see the module docstring): the telemetry field, the
         # window (s) the power reading averages and how long (s) before each of its refreshes that ends
+        self.shaping_family: ShapingFamily | None = None
         self.shape_power_field: str | None = None
         self.shape_window_s: float | None = None
         self.shape_lag_s: float | None = None
@@ -438,8 +521,11 @@ class NvmlGpuSensor(Sensor):
         return (type(self), self.name, self.nvml_index)
 
     def describe(self) -> dict:
-        return {**super().describe(), "nvml_index": self.nvml_index, "reading": self.reading,
-                "power_field": self.power_field}
+        family = self.shaping_family
+        return {**super().describe(), "nvml_index": self.nvml_index, "device_uuid": self.device_uuid,
+                "power_scope": self.power_scope, "reading": self.reading, "power_field": self.power_field,
+                "shaping": family.describe() if family is not None else None,
+                "shaping_measured": family.measured if family is not None else None}
 
     def open(self) -> None:
         """Initialise NVML (one ``nvmlInit``, undone by :meth:`close`), find the GPU and what it offers."""
@@ -467,15 +553,15 @@ class NvmlGpuSensor(Sensor):
         if _is_mig_device_handle(nvml, handle) or _mig_mode_enabled(nvml, handle, what):
             raise _mig_refusal(f"{what} is in MIG mode")
         gpu_name = _text(nvml.nvmlDeviceGetName(handle))
+        self.device_uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         self._handle = handle
-        self._instant_field = self._has_instant_power_field()
-        self._power_is_average = not self._instant_field and self._power_usage_is_average()
-        if self._instant_field:
-            self.power_field = "NVML_FI_DEV_POWER_INSTANT field (instantaneous, mW)"
-        elif self._power_is_average:
-            self.power_field = "nvmlDeviceGetPowerUsage (mW; a 1-s average on Ampere and newer except GA100)"
-        else:
-            self.power_field = "nvmlDeviceGetPowerUsage (mW; instantaneous before Ampere)"
+        module = c2c_mode_enabled(nvml, handle, what)
+        self.power_scope = POWER_SCOPE_MODULE if module else POWER_SCOPE_GPU
+        architecture = self._architecture()
+        field = MODULE_INSTANT_POWER_FIELD if module else INSTANT_POWER_FIELD
+        self._instant_field = field if self._offers_field(field) else None
+        self._power_is_average = self._instant_field is None and power_usage_is_average(architecture, gpu_name)
+        self.power_field = self._power_field_text(gpu_name)
         try:
             with nvml_errors(nvml, f"nvmlDeviceGetTotalEnergyConsumption on {what}"):
                 nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
@@ -488,14 +574,28 @@ class NvmlGpuSensor(Sensor):
             self._mode = "energy"
             self.counter_update_period_s = NVML_COUNTER_UPDATE_PERIOD_S
             self.reading = READING_COUNTER
-            how = "nvmlDeviceGetTotalEnergyConsumption (energy counter, mJ, updated every ~0.1 s)"
+            covers = " of the whole module: GPU, Grace CPU and memory (C2C mode)" if module else ""
+            how = f"nvmlDeviceGetTotalEnergyConsumption (energy counter{covers}, mJ, updated every ~0.1 s)"
         self.source = f"NVML {how} on GPU {self.nvml_index} ({gpu_name})"
         self._telemetry = self._supported_telemetry()
-        self.shape_power_field = self.shape_window_s = self.shape_lag_s = None
-        if self._mode == "energy" and self._instant_field and "power_W" in self._telemetry and self._observes_windows():
-            self.shape_power_field, self.shape_window_s = "power_W", NVML_OBSERVED_WINDOW_S
-            self.shape_lag_s = NVML_INSTANT_LAG_S
-            self.source += f", shaped by the instant power ({NVML_OBSERVED_WINDOW_S * 1000:g} ms windows)"
+        self.shaping_family = self.shape_power_field = self.shape_window_s = self.shape_lag_s = None
+        family = shaping_family(architecture, module)
+        if self._mode == "energy" and self._instant_field and "power_W" in self._telemetry and family is not None:
+            self.shaping_family, self.counter_update_period_s = family, family.period_s
+            self.shape_power_field, self.shape_window_s, self.shape_lag_s = "power_W", family.window_s, family.lag_s
+            scope = "module-scope " if module else ""
+            self.source += f", shaped by the {scope}instant power ({family.describe()})"
+
+    def _power_field_text(self, gpu_name: str) -> str:
+        if self._instant_field == MODULE_INSTANT_POWER_FIELD:
+            return "NVML_FI_DEV_POWER_INSTANT field, module scope (GPU, Grace CPU and memory; instantaneous, mW)"
+        if self._instant_field is not None:
+            return "NVML_FI_DEV_POWER_INSTANT field (instantaneous, mW)"
+        if self._power_is_average:
+            return "nvmlDeviceGetPowerUsage (mW; a 1-s average on Ampere and newer except GA100)"
+        if is_ga100(gpu_name):
+            return "nvmlDeviceGetPowerUsage (mW; instantaneous on GA100)"
+        return "nvmlDeviceGetPowerUsage (mW; instantaneous before Ampere)"
 
     def close(self) -> None:
         """Release the GPU and NVML (the ``nvmlShutdown`` that pairs with :meth:`open`'s ``nvmlInit``)."""
@@ -515,33 +615,38 @@ class NvmlGpuSensor(Sensor):
 
     @_handle_nvml_errors
     def power_w(self) -> float:
-        """Power in W (``power_field`` says which NVML query, instantaneous or 1-s average)."""
+        """Power in W (``power_field`` says which NVML query, instantaneous or 1-s average, and its scope)."""
         return self._power_mw() * W_PER_MW
 
     def _power_mw(self) -> float:
         nvml = self._nvml
-        if not self._instant_field:
+        if self._instant_field is None:
             return float(nvml.nvmlDeviceGetPowerUsage(self._handle))
-        value = nvml.nvmlDeviceGetFieldValues(self._handle, [INSTANT_POWER_FIELD])[0]
+        value = nvml.nvmlDeviceGetFieldValues(self._handle, [self._instant_field])[0]
         if value.nvmlReturn != NVML_SUCCESS:  # the call succeeds; each field carries its own return code
             raise nvml_error_for_code(value.nvmlReturn, f"NVML_FI_DEV_POWER_INSTANT on NVML GPU {self.nvml_index}")
         return float(value.value.uiVal)
 
-    def _has_instant_power_field(self) -> bool:
-        """Whether the driver answers ``NVML_FI_DEV_POWER_INSTANT`` (a per-field "not supported" is no)."""
+    def _offers_field(self, field: tuple[int, int]) -> bool:
+        """Whether the driver answers this (field id, scope): "not supported" (for the call or the field) is no,
+        as are a driver that predates the field API and a field or scope it does not know (the field's
+        ``NVML_ERROR_INVALID_ARGUMENT``); any other error is raised."""
         nvml = self._nvml
         if not hasattr(nvml, "nvmlDeviceGetFieldValues"):
             return False
+        what = f"NVML_FI_DEV_POWER_INSTANT (scope {field[1]}) on NVML GPU {self.nvml_index}"
         try:
             with nvml_errors(nvml, f"nvmlDeviceGetFieldValues on NVML GPU {self.nvml_index}"):
-                value = nvml.nvmlDeviceGetFieldValues(self._handle, [INSTANT_POWER_FIELD])[0]
-        except NvmlNotSupportedError:
-            return False
-        except NvmlUnavailableError as err:
-            if err.code != NVML_ERROR_FUNCTION_NOT_FOUND:  # a driver that predates the field API
-                raise
-            return False
-        return value.nvmlReturn == NVML_SUCCESS
+                value = nvml.nvmlDeviceGetFieldValues(self._handle, [field])[0]
+            if value.nvmlReturn == NVML_ERROR_INVALID_ARGUMENT:
+                return False
+            if value.nvmlReturn != NVML_SUCCESS:
+                raise nvml_error_for_code(value.nvmlReturn, what)
+        except NvmlError as err:
+            if is_absent(err):
+                return False
+            raise
+        return True
 
     def _architecture(self) -> int | None:
         """``nvmlDeviceGetArchitecture`` (None where NVML or the GPU does not say)."""
@@ -551,18 +656,10 @@ class NvmlGpuSensor(Sensor):
         try:
             with nvml_errors(nvml, f"nvmlDeviceGetArchitecture on NVML GPU {self.nvml_index}"):
                 return nvml.nvmlDeviceGetArchitecture(self._handle)
-        except NvmlNotSupportedError:
-            return None
-
-    def _observes_windows(self) -> bool:
-        """Whether the power sensor works in observed windows, one per counter period (Ampere and newer)."""
-        architecture = self._architecture()
-        return architecture is not None and architecture >= NVML_DEVICE_ARCH_AMPERE
-
-    def _power_usage_is_average(self) -> bool:
-        """Whether ``nvmlDeviceGetPowerUsage`` is a 1-s average: Ampere and newer, or unknown architecture."""
-        architecture = self._architecture()
-        return architecture is None or architecture >= NVML_DEVICE_ARCH_AMPERE
+        except NvmlError as err:
+            if is_absent(err):
+                return None
+            raise
 
     def read_fields(self) -> dict[str, float]:
         """Telemetry; a query NVML fails this time reads NaN (the sensor's energy is unaffected)."""
@@ -580,7 +677,8 @@ class NvmlGpuSensor(Sensor):
         return fields
 
     def _supported_telemetry(self) -> dict[str, Callable[[], dict[str, float]]]:
-        """The telemetry queries this GPU answers (probed once; "not supported" ones are left out).
+        """The telemetry queries this GPU answers (probed once: "not supported" ones are left out; one that
+        fails otherwise is kept, and reads NaN while it fails).
 
         PCIe throughput is not probed here: each query blocks ~20 ms, so it is tried on the sampling
         thread at its first read.
@@ -606,8 +704,9 @@ class NvmlGpuSensor(Sensor):
             try:
                 with nvml_errors(nvml, f"{field} on NVML GPU {self.nvml_index}"):
                     query()
-            except NvmlError:  # optional telemetry: left out, whatever NVML's reason
-                continue
+            except NvmlError as err:
+                if is_absent(err):
+                    continue
             supported[field] = query
         return supported
 
