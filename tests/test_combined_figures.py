@@ -161,3 +161,48 @@ def test_every_suite_callback_attached_leaves_the_energy_callbacks_figures_its_o
     assert report["total_J"] == pytest.approx(50.0 * report["duration_s"], rel=1e-9)
     assert report["train_J"] <= report["total_J"] * (1 + 1e-12)
     assert all(r["power_W"] == pytest.approx(50.0, rel=1e-9) for r in report["epochs"])
+
+
+def test_two_ranks_reading_one_card_count_it_once_in_the_report():
+    """MPS or a mis-set CUDA_VISIBLE_DEVICES: two ranks' NVML sensors read one card (one UUID)."""
+    from lightning_energy.callbacks.energy import _count_each_card_once
+    from lightning_energy.outputs.report import build_report
+
+    def summary(rank: int, uuid: str) -> dict:
+        sensor = {"name": "gpu0", "scope": "device", "estimated": False, "provenance": "measured", "source": "NVML",
+                  "device_uuid": uuid, "rank": rank, "energy_J": 100.0}
+        host = {"name": "cpu", "scope": "host", "estimated": False, "provenance": "measured", "source": "RAPL",
+                "rank": rank, "energy_J": 10.0}
+        return {"rank": rank, "duration_s": 1.0, "train_J": 150.0, "validation_J": 0.0,
+                "sensors": [sensor, host] if rank == 0 else [sensor]}
+
+    shared = build_report(_count_each_card_once([summary(0, "GPU-aaaa"), summary(1, "GPU-AAAA")]), [], {})
+    assert shared["total_J"] == pytest.approx(110.0)
+    assert [s.get("counted", True) for s in shared["sensors"]] == [True, True, False]
+    separate = build_report(_count_each_card_once([summary(0, "GPU-aaaa"), summary(1, "GPU-bbbb")]), [], {})
+    assert separate["total_J"] == pytest.approx(210.0)
+    assert shared["train_J"] == separate["train_J"] == 150.0  # all-rank already: not once per rank
+
+
+def test_a_model_on_devices_besides_the_root_is_warned_about_once_and_noted(recwarn):
+    """Several GPUs in one process: the session says so at train start (once, whoever reports first)."""
+    import types
+
+    from lightning_energy.integration.session import Attachment, TrainerSession
+    from lightning_energy.measure.sampler import Sampler
+
+    def on(device: str):
+        return types.SimpleNamespace(device=torch.device(device))
+
+    module = types.SimpleNamespace(parameters=lambda: iter([on("cuda:0"), on("cuda:1")]), buffers=lambda: iter([]))
+    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
+                                    lightning_module=module, world_size=1,
+                                    fit_loop=types.SimpleNamespace(restarted_mid_epoch=False))
+    session = TrainerSession(trainer, Sampler(), None)
+    owner = object()
+    attachment = session.attachments[id(owner)] = Attachment(session, owner, [])
+    for _ in range(3):  # three callbacks report the boundary
+        session.timeline.train_started(trainer)
+    warned = [str(w.message) for w in recwarn if "cuda:1" in str(w.message)]
+    assert len(warned) == 1 and "cuda:0" in warned[0]
+    assert len(attachment.notes) == 1 and "cuda:1" in attachment.notes[0]

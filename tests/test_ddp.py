@@ -28,6 +28,9 @@ def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
     assert owners == [("device", 0), ("device", 1), ("host", 0)]  # host read by local rank 0 only
     d0, d1 = (r["duration_s"] for r in sorted(report["ranks"], key=lambda r: r["rank"]))
     assert report["total_J"] == pytest.approx(DEVICE_W * (d0 + d1) + HOST_W * d0, rel=1e-9)
+    # the all-rank training and validation energy once, not once per rank
+    assert report["train_J"] == pytest.approx(sum(e["train_J"] for e in report["epochs"]), rel=1e-9)
+    assert report["validation_J"] == pytest.approx(sum(e["validation_J"] for e in report["epochs"]), rel=1e-9)
     for epoch in report["epochs"]:
         per_sensor = epoch["per_sensor_J"]
         # one common interval on every rank: both devices and rank 0's host over exactly train_s

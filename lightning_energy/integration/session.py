@@ -12,11 +12,15 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from lightning_energy.measure.meter import Meter
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.clocks import device_clock
-from lightning_energy.measure.sensors.detect import default_sensors, zeus_sensors
+from lightning_energy.measure.sensors.detect import (
+    default_sensors, other_cuda_devices, other_devices_note, zeus_sensors,
+)
 
 
 def rank_sensors(trainer, sensors: list[Sensor] | None = None, backend: str = "auto"):
@@ -72,8 +76,27 @@ class TrainerSession:
         sampler.add_meter(self.meter)
         self.attachments: dict[int, Attachment] = {}
         self.auto_sensors: list[Sensor] | None = None  # auto-detected once, shared by every "auto" callback
-        self.timeline = Timeline(trainer, self.meter, sampler)
+        self.timeline = Timeline(trainer, self.meter, sampler, on_train_start=self._note_other_devices)
         self.samples_at_open = sampler.samples_taken
+
+    def _note_other_devices(self, trainer) -> None:
+        """Once per fit, when the model sits on its devices (train start, after the strategy and the module's
+        own ``on_fit_start`` placed it): warn (rank zero) and note in every attachment when the model has
+        parameters on CUDA devices besides the root device, which no sensor of the session reads and no mark
+        waits on."""
+        root = trainer.strategy.root_device
+        module = trainer.lightning_module
+        if root.type != "cuda" or module is None:
+            return
+        devices = other_cuda_devices(module, root)
+        if not devices:
+            return
+        note = (other_devices_note(root, devices, []) + " Give their sensors explicitly to measure them, e.g. "
+                "`EnergyCallback(sensors=[NvmlGpuSensor(nvml_index), ...])`.")
+        rank_zero_warn(f"lightning-energy: {note}")
+        for attachment in self.attachments.values():
+            if note not in attachment.notes:
+                attachment.notes.append(note)
 
     def add(self, attachment: Attachment, interval_s: float) -> None:
         names = self.sampler.acquire(attachment, attachment.sensors, interval_s)

@@ -40,6 +40,7 @@ from lightning_energy.integration.lightning_internals import (
     batches_that_stepped, epoch_end_log_step, is_accumulating,
 )
 from lightning_energy.measure.sampler import Sampler
+from lightning_energy.measure.sensors.detect import duplicate_device_sensors
 from lightning_energy.measure.series import bound_between
 
 LOOP_KINDS = ("val", "test", "predict")
@@ -211,8 +212,10 @@ class _Step:
 class Timeline:
     """Boundaries and windows of one Trainer (built by its session; callbacks use ``attachment.timeline``)."""
 
-    def __init__(self, trainer, meter: Meter, sampler: Sampler) -> None:
+    def __init__(self, trainer, meter: Meter, sampler: Sampler, on_train_start=None) -> None:
+        """``on_train_start(trainer)``: called once per fit at train start (the session's device check)."""
         self.meter = meter
+        self._on_train_start = on_train_start
         self.sampler = sampler
         self.listeners: list[TimelineListener] = []
         self.fit_start: Mark | None = None
@@ -226,6 +229,7 @@ class Timeline:
         self._loops: dict[str, _Loop] = {}
         self._pending_epochs: deque[_Epoch] = deque()
         self._pending_loops: deque[_Loop] = deque()
+        self._left_out: set[str] | None = None  # this rank's sensors on a card a lower rank counts (DDP)
 
     # ------------------------------------------------------------------ subscriptions
     def subscribe(self, listener: TimelineListener) -> None:
@@ -253,6 +257,9 @@ class Timeline:
 
     def train_started(self, trainer) -> None:
         """A fit resumed inside an epoch skips ``on_train_epoch_start``: open that epoch here."""
+        check, self._on_train_start = self._on_train_start, None  # once, whichever callback reports first
+        if check is not None:
+            check(trainer)
         loop = trainer.fit_loop
         if self._epoch is None and (getattr(loop, "restarted_mid_epoch", False)
                                     or getattr(loop, "restarted_on_epoch_end", False)):
@@ -499,7 +506,7 @@ class Timeline:
         common = self._common_times(trainer, local_bounds)
         start_s, end_s = common[0], common[1]
         loop_bounds = list(zip(common[2::2], common[3::2]))
-        names = self.meter.sensor_names
+        names = self._counted_names(trainer)
         at = self._energies_at(names, [start_s, end_s, *[t for pair in loop_bounds for t in pair]])
         e_start, e_end = at[0], at[1]
         flagged = set(e_start[1]) | set(e_end[1])
@@ -512,9 +519,11 @@ class Timeline:
         train = {n: j - sum(le.get(n, 0.0) for le in loop_energy) for n, j in window.items()}
         fit = _difference(self.fit_start.energy, e_end[0]) if self.fit_start is not None else {}
         rank = trainer.global_rank
+        left_out = self._left_out
         local = {
-            "train": train, "loops": loop_energy, "steps": epoch.steps, "steps_J": dict(epoch.steps_energy_J),
-            "extras": self._epoch_extras(epoch), "fit_J": fit,
+            "train": train, "loops": loop_energy, "steps": epoch.steps,
+            "steps_J": _drop(epoch.steps_energy_J, left_out),
+            "extras": {k: _drop(v, left_out) for k, v in self._epoch_extras(epoch).items()}, "fit_J": _drop(fit, left_out),
             "missing": [{"sensor": n, "rank": rank} for n in sorted(flagged | _missing_names(e_start[0], e_end[0]))],
         }
         gathered = _gather(trainer, local)
@@ -539,7 +548,7 @@ class Timeline:
         """Collective: a validation/test/predict loop over the ranks' common interval."""
         self.meter.wait(loop.end)
         start_s, end_s = self._common_times(trainer, [loop.start.t, loop.end.t])
-        (a, fa), (b, fb) = self._energies_at(self.meter.sensor_names, [start_s, end_s])
+        (a, fa), (b, fb) = self._energies_at(self._counted_names(trainer), [start_s, end_s])
         rank = trainer.global_rank
         flagged = set(fa) | set(fb) | _missing_names(a, b)
         gathered = _gather(trainer, {"energy": _difference(a, b),
@@ -548,6 +557,17 @@ class Timeline:
                                    _sum_dicts(g["energy"] for g in gathered), end_s - start_s, start_s, end_s,
                                    tuple(m for g in gathered for m in g["missing"]), bool(flagged))
         self.sampler.retain(self, None)
+
+    def _counted_names(self, trainer) -> list[str]:
+        """This rank's sensors that count in all-rank sums: two ranks reading one card (MPS, a mis-set
+        ``CUDA_VISIBLE_DEVICES``) would count it twice, so the lowest rank keeps it (by the card's UUID).
+        The first call is a collective (every rank settles the same first boundary); later ones are free."""
+        if self._left_out is None:
+            described = [self.sampler.series[n].sensor.describe() for n in self.meter.sensor_names
+                         if n in self.sampler.series]
+            skip = duplicate_device_sensors(_gather(trainer, described))
+            self._left_out = {name for rank, name in skip if rank == trainer.global_rank}
+        return [n for n in self.meter.sensor_names if n not in self._left_out]
 
     def _common_times(self, trainer, local: list[float]) -> list[float]:
         """Each boundary's time on this rank's clock as the latest rank reached it (collective)."""
@@ -647,6 +667,11 @@ def _missing_names(start: dict, end: dict) -> set[str]:
 def _only(per_sensor: dict | None, names) -> dict | None:
     """``per_sensor`` (J or a bound per sensor name) restricted to ``names``; None stays None."""
     return None if per_sensor is None else {n: v for n, v in per_sensor.items() if n in names}
+
+
+def _drop(per_sensor: dict[str, float], names) -> dict[str, float]:
+    """``per_sensor`` without ``names``."""
+    return {n: v for n, v in per_sensor.items() if not names or n not in names}
 
 
 def _add_into(total: dict[str, float], more: dict[str, float]) -> None:

@@ -22,13 +22,19 @@ def version() -> str:
 
 
 def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) -> dict:
-    """One report from every rank's summary (see ``EnergyCallback._rank_summary``)."""
+    """One report from every rank's summary (see ``EnergyCallback._rank_summary``).
+
+    A sensor marked ``counted: False`` (a card a lower rank reads too) is listed but not summed. A summary's
+    ``train_J`` and ``validation_J`` are all-rank figures (the same on every rank): taken from the first.
+    """
     sensors = [s for summary in rank_summaries for s in summary["sensors"]]
-    total_J = sum(s["energy_J"] for s in sensors) + extra.get("resumed_total_J", 0.0)
-    by_provenance = {kind: sum(s["energy_J"] for s in sensors if of_entry(s) == kind) for kind in KINDS}
+    counted = [s for s in sensors if s.get("counted", True)]
+    total_J = sum(s["energy_J"] for s in counted) + extra.get("resumed_total_J", 0.0)
+    by_provenance = {kind: sum(s["energy_J"] for s in counted if of_entry(s) == kind) for kind in KINDS}
     duration_s = max((r["duration_s"] for r in rank_summaries), default=0.0) + extra.get("resumed_duration_s", 0.0)
-    train_J = sum(r["train_J"] for r in rank_summaries) + extra.get("resumed_train_J", 0.0)
-    validation_J = sum(r["validation_J"] for r in rank_summaries) + extra.get("resumed_validation_J", 0.0)
+    first = rank_summaries[0] if rank_summaries else {"train_J": 0.0, "validation_J": 0.0}
+    train_J = first["train_J"] + extra.get("resumed_train_J", 0.0)
+    validation_J = first["validation_J"] + extra.get("resumed_validation_J", 0.0)
     return {
         "tool": f"lightning-energy {version()}",
         "created_unix_s": time.time(),
