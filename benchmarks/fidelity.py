@@ -25,8 +25,9 @@ thread and no real time: every clock is simulated.
   50→150→50 W over 2 s with 100 and 300 ms steps (the power does NOT change at the boundaries).
 - Windows: contiguous steps (marks at the step boundaries) and epochs of about 10 s (an even number of
   steps), after 1 s of warm-up; 6 epochs per case.
-- Rules: ``old`` is ``lightning_energy/series.py`` as of commit 6b08070 (trapezoid; counter points at the
-  read that saw the move), vendored below as :class:`OldSensorSeries`; ``unaware`` is the current
+- Rules: ``old`` is the rule of ``lightning_energy/series.py`` as of commit 6b08070 (trapezoid; counter
+  points at the read that saw the move), computed from the readings by :class:`ReadingsBaseline` (numpy,
+  no product code); ``unaware`` is the current
   ``SensorSeries`` fed without marks, which is the rule of commit 9bd5f86 (trapezoid; counter points at
   their estimated update times, linear between them); ``new`` is the current ``SensorSeries`` fed the
   marks (the boundary rule: power changes at the marks; see ``lightning_energy/measure/series.py``).
@@ -65,6 +66,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np  # noqa: E402
+
 from lightning_energy.measure.sensors.base import Sensor  # noqa: E402
 from lightning_energy.measure.series import SensorSeries, bound_between  # noqa: E402
 
@@ -92,59 +95,35 @@ NOISE_BLOCK_S = 0.01
 
 
 # ------------------------------------------------------------------------------- baseline (old rule)
-class OldSensorSeries:
-    """BASELINE, vendored: ``SensorSeries`` from ``lightning_energy/series.py`` at commit 6b08070.
-
-    Counter points at the time of the read that saw the counter move (or after 1.5 periods without a
-    move); power sensors by the trapezoid rule. Only what the figures need is kept.
+class ReadingsBaseline:
+    """BASELINE: the rule of ``lightning_energy/series.py`` at commit 6b08070, computed here from the readings
+    (no product code): every reading at the time it was read, linear in between. Power sensors: the
+    cumulative trapezoid of the readings; counters: a point at each read that saw the counter move, or
+    after 1.5 periods without a move (zero power), holding the value read.
     """
 
     STALE_COUNTER_PERIODS = 1.5
 
     def __init__(self, sensor: Sensor) -> None:
-        self.sensor = sensor
         self.kind = sensor.kind
+        self.period_s = getattr(sensor, "counter_update_period_s", None)
         self.times: list[float] = []
         self.energies: list[float] = []
-        self.power_w = math.nan
-        self._last_read: float | None = None
+        self._last_power: float | None = None
 
     def add_reading(self, t: float, value: float) -> None:
         if self.kind == "power":
-            if self.times:
-                dt_ = t - self.times[-1]
-                self.energies.append(self.energies[-1] + dt_ * (self.power_w + value) / 2.0)
-            else:
-                self.energies.append(0.0)
+            step = 0.0 if self._last_power is None else (t - self.times[-1]) * (self._last_power + value) / 2.0
             self.times.append(t)
-            self.power_w = value
-            return
-        if self._last_read is not None and value < self._last_read:
-            raise ValueError(f"energy counter went backwards ({self._last_read} J -> {value} J)")
-        self._last_read = value
-        if not self.times:
-            self.times.append(t)
-            self.energies.append(value)
-            return
-        period = self.sensor.counter_update_period_s
-        moved = value != self.energies[-1]
-        stale = period is not None and (t - self.times[-1]) >= self.STALE_COUNTER_PERIODS * period
-        if period is None or moved or stale:
-            dt_ = t - self.times[-1]
-            self.power_w = (value - self.energies[-1]) / dt_ if dt_ > 0 else self.power_w
+            self.energies.append((self.energies[-1] if self.energies else 0.0) + step)
+            self._last_power = value
+        elif (not self.times or value != self.energies[-1] or self.period_s is None
+              or t - self.times[-1] >= self.STALE_COUNTER_PERIODS * self.period_s):
             self.times.append(t)
             self.energies.append(value)
 
-    def energy_at(self, t: float) -> float | None:
-        times = self.times
-        if not times or t > times[-1]:
-            return None
-        if t <= times[0]:
-            return self.energies[0]
-        i = bisect.bisect_left(times, t)
-        t1, e1 = times[i], self.energies[i]
-        t0, e0 = times[i - 1], self.energies[i - 1]
-        return e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+    def energy_at(self, t: float) -> float:
+        return float(np.interp(t, self.times, self.energies))
 
 
 # ------------------------------------------------------------------------------------------ sensors
@@ -279,7 +258,7 @@ def run_case(case: Case, sensor_kind: str, epochs: int, seed: int, grid: bool) -
     trace = case.make(duration + 1.0, case.step_s)
     ticks = tick_times(duration, rng, grid)
     sensor = {"power": PowerSensor, "counter": CounterSensor, "counter+power": ShapedCounterSensor}[sensor_kind]()
-    old, new, unaware = OldSensorSeries(sensor), SensorSeries(sensor), SensorSeries(sensor)
+    old, new, unaware = ReadingsBaseline(sensor), SensorSeries(sensor), SensorSeries(sensor)
     updates = counter_updates(duration, rng)
     marks = [warmup + k * case.step_s for k in range(n_steps + 1)]
     # the Meter's view: marks are created at their time; the sampler passes the pending ones (up to the
@@ -605,8 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   "float rounding, 1e-7 %)", "measured_max_error_pct": max(errors),
                                           "met": max(errors) <= 1e-7, "note": "real 2-rank gloo fits"}
     notes = [
-        f"old: lightning_energy/series.py at commit {BASELINE_COMMIT}, vendored in this script as OldSensorSeries "
-        "(trapezoid; counter points at the read that saw the move); unaware: the current SensorSeries fed no "
+        f"old: the rule of lightning_energy/series.py at commit {BASELINE_COMMIT}, computed from the readings by "
+        "ReadingsBaseline (numpy; trapezoid; counter points at the read that saw the move); unaware: the current SensorSeries fed no "
         f"marks, i.e. the rule of commit {UNAWARE_COMMIT} (trapezoid; counter points at the estimated update "
         "time, linear between them); new: the current SensorSeries fed the pending marks as the sampler does "
         "(power: the change of a sample interval at its marks; counters: a step rebuilt at the marks of a "
@@ -671,8 +650,8 @@ def main(argv: list[str] | None = None) -> int:
             "counter": {"period_s": COUNTER_PERIOD_S, "phase_s": COUNTER_PHASE_S,
                         "update_jitter_s": [-COUNTER_JITTER_S, COUNTER_JITTER_S]},
             "warmup_s": WARMUP_S, "epoch_s_about": EPOCH_S,
-            "baseline": {"rule": "old", "source": f"lightning_energy/series.py at commit {BASELINE_COMMIT}",
-                         "vendored_as": "OldSensorSeries"},
+            "baseline": {"rule": "old", "source": f"the rule of lightning_energy/series.py at commit {BASELINE_COMMIT}",
+                         "computed_by": "ReadingsBaseline (numpy.interp over the readings, no product code)"},
         },
         "results": rows,
         "sampling_limit": {"rows": limit_rows, "table": limit_table.splitlines(), "seeds": args.limit_seeds},

@@ -9,11 +9,15 @@ changes (:meth:`SensorSeries.covers`).
 boundaries). The sampler passes the times of its meters' pending marks with every reading
 (``add_reading(t, value, breakpoints=...)``; host marks have their time at once, a device mark only once
 the device reached it), and each series puts the change of power of a sample interval (power sensors) or
-counter period (counters) at the marks inside it rather than spreading it evenly:
+counter period (counters) at the marks inside it rather than spreading it evenly. Marks closer together
+than :data:`MARK_CLUSTER_S` (5 ms) are one step boundary (:func:`boundaries`): Lightning places two at
+every step boundary (the step's end, then the next step's start 0.5-3 ms later) and more at epoch and loop
+boundaries, and the rules below count boundaries, not marks (each boundary one change of power, at its
+middle where a rule needs one point; each of its marks then gets the power of the side it is nearer):
 
 - Power sensors (reading ``P0`` at ``t0``, ``P1`` at ``t1``): zero-order hold with one change. The
   trapezoid rule is this rule with the change at the middle of the interval, and it stays so without a
-  mark inside ``(t0, t1)`` (one point at ``t1``). With marks ``b1 <= ... <= bL`` inside, ``P0`` holds until
+  mark inside ``(t0, t1)`` (one point at ``t1``). With boundaries ``b1 <= ... <= bL`` inside, ``P0`` holds until
   ``b1`` and ``P1`` from ``bL`` on (points at ``b1``, ``bL`` and ``t1``): exact when the power changes at
   one mark of the interval. Why the first mark: under the assumption the power read at ``t0`` holds
   until the next boundary, and the power read at ``t1`` has held since the last one; between them
@@ -41,54 +45,61 @@ counter period (counters) at the marks inside it rather than spreading it evenly
   ``(lo, hi]``, ``lo`` being the previous read; the updates come on a fixed period with an unknown
   phase, so the phase is estimated from the recent ``(lo, hi]`` intervals taken modulo the period
   (:class:`CounterPhase`: the phase interval agreed on by most of them, which ignores a missed or late
-  update and read jitter). Until the phase is pinned down, and for an update that does not fit it, the
-  point goes at the time of the read that saw the move. A counter that does not move for
-  :data:`STALE_COUNTER_PERIODS` periods gets a point anyway (real zero power), at the update it skipped
-  when the phase is known, so that windows over an idle device still resolve. Counters without a known
+  update and read jitter). Until the phase is pinned down the point goes in the middle of ``(lo, hi]``,
+  where the pinned estimate starts out (at ``hi`` it sat half a read interval later than the placements
+  after pinning, which put that much energy into the windows across); an update that does not fit the
+  pinned phase (late, after a skipped one), or reads slower than the counter, at the read that saw it.
+  The first reading's value is that of an update within the period before it: its point moves back to
+  the update one period before the next one once that is placed (within the first read's span), and until
+  then nothing after the earliest time it may move to is covered. (At its read, the first 0.35 s after
+  acquisition read +14 % on average, +27 % at worst, at a constant 200 W through the Sampler with the
+  fake NVML, 60 phases and draws of 50 ms + 0-2 ms reads; now -0.3 % on average, -0.9 to +5.8 %.)
+  A counter that does not move for :data:`STALE_COUNTER_PERIODS` periods gets a point anyway (real zero
+  power), at the update it skipped when the phase is known, so that windows over an idle device still
+  resolve. Counters without a known
   period add a point per reading, at the time of the reading.
 - Counters, boundary rule: between two counter points the power is constant (linear interpolation), except
-  in a period ``(u0, u1)`` that holds marks while the periods before and after it hold none. Then, by
-  the assumption, the power before the first mark ``b1`` is that of the period before (``Pb``) and after
-  the last mark ``bL`` that of the period after (``Pa``); the period's own energy ``E`` (exact: the
+  in a period ``(u0, u1)`` that holds a boundary while the periods before and after it hold none (a
+  boundary is in the period holding its middle: the two marks of one boundary across an update do not
+  make the period after a neighbour with marks). Then, by the assumption, the power before the first mark
+  ``b1`` of its boundaries is that of the period before (``Pb``) and after the last one ``bL`` that of the
+  period after (``Pa``); the period's own energy ``E`` (exact: the
   counter's) is kept. One mark: the energy at it is ``e0 + Pb (b − u0)`` or ``e1 − Pa (u1 − b)``, the two
   agreeing on an exact step; each is weighted by how little it relies on its power (``(u1 − b)/(u1 − u0)``
-  for the first), which also shares out the error of a placed update time. Several marks: points at
-  ``b1`` and ``bL`` from each side, linear between. The figure is clamped into ``[e0, e1]`` (power never
+  for the first), which also shares out the error of a placed update time. Several marks (one boundary's
+  two, or several boundaries): points at ``b1`` and ``bL`` from each side, linear between (each exact for
+  a step anywhere between them). The figure is clamped into ``[e0, e1]`` (power never
   negative), and the period stays linear where the rebuilt step could not hold: ``E / (u1 − u0)`` not
   between ``Pb`` and ``Pa``, or the two sides overlapping. It needs the update *after* the period: a mark
   in such a period resolves one counter point later (one update period, 0.1 s for NVML), and ``covers``
   says so. From the mark that is at most two periods and a read while the counter moves (0.25 s for NVML
   read at 20 Hz), three if it stops right after the mark (the period after then ends at the staleness
   point: 0.30 s), within ``Sampler.resolution_timeout_s`` (0.35 s at those settings). A period whose
-  neighbours hold marks (steps shorter than about two update periods) stays linear: nothing then says
+  neighbours hold boundaries (steps shorter than about two update periods) stays linear: nothing then says
   where inside it the work changed. On a ramp the neighbours' averages are not the power at the period's
   edges and the figure at a mark is off by up to 9/32 × ``k × period²`` (``k`` the slope); unlike power sensors
   there is no ramp test, as a slope drawn from period averages is too noisy (tried: it cost more on noisy
   steps than it saved on ramps).
 
-- Counters with a power reading (NVML on A100/H100/H200: ``shape_window_s``, see :func:`shape_window_s`):
-  the sampler passes the power field with every reading. The field refreshes on a clock of its own
-  (measured on an H200, ``benchmarks/nvml_semantics.py``: every 100.0 ms, 38 to 82 ms after the counter's
-  updates, medians of four runs: not with them) and holds the mean power over ``shape_window_s`` (25 ms) ending
-  ``shape_lag_s`` (11 ms) before its refresh. The series pins the field's refresh phase down from the reads
-  that see it change (:class:`CounterPhase`, as for the counter) and places each window on it; until then
-  it places none. Every period that holds marks then waits for the update after it and is shared out by
-  :func:`segment_powers`: one power per segment between marks over the periods before, of and after it,
-  fitted (least squares) to those periods' exact energies and to their windows' powers; the period's own
-  exact energy is then shared out in proportion to the fitted segments (energy-conserving: every counter
-  update keeps its value, so epochs stay counter-exact). With more segments than readings (steps shorter
-  than about a third of a period) nothing tells the segments apart and the neighbour rule above applies.
-  The figure's accuracy follows the placement of updates and windows (the phase estimates: ±3 ms at 20 Hz
-  reads with a little jitter): about 0.3 % median, 1.4 % p95 on 100 ms steps (``benchmarks/fidelity.py``);
-  the bound stays the counter's (it does not rely on this rule). A window that holds a mark mixes the two
-  segments by where it is placed; steps locked to the readings' schedule so that every window holds a mark
-  at the same place (steps of exactly one period) leave the windows saying little more than the periods,
-  and a few ms of placement then move the figures. On a fake H200 (``benchmarks/shaping_phases.py``, 19
-  phases of the readings against the marks) the median step error is 0.2-0.3 % over the phases for exact
-  100 ms steps but 15 % (32 % with 2.4 ms counter reads) at the worst phase, and 0.4-0.7 % (at most 1.2 %
-  per phase) for steps of 70-130 ms, whose phases wander as real steps' do; single steps can still be off
-  (the largest per run: 10-15 %, median over runs; 34 % at worst). Windows placed at the counter's updates
-  instead (the rule before): 19-46 % median.
+- Counters with a power reading (NVML on A100/H100/H200: ``shape_window_s``; the model, its constants and
+  the run-time check of the card's schedule are in :mod:`lightning_energy.measure.shaping`): the sampler
+  passes the power field with every reading; once its refresh phase is pinned, each window it averaged is
+  placed, and every period that holds marks waits for the update after it and is shared out by
+  :func:`segment_powers` (one power per segment between step boundaries over the periods before, of and
+  after it, fitted to their exact energies and their windows; the period's exact energy shared out in
+  proportion, so every counter update keeps its value). With more segments than readings (steps shorter
+  than about a third of a period), before the phase is pinned, or once the card is found not to follow the
+  model (:attr:`SensorSeries.shaping` says which), the neighbour rule above applies. The bound stays the
+  counter's (it does not rely on this rule). A window that holds a boundary mixes the two segments by where
+  it is placed; steps locked to the readings' schedule (steps of exactly one period) leave the windows
+  saying little more than the periods, and a few ms of placement then move the figures. Measured on the
+  fake H200 (``benchmarks/shaping_phases.py``: 19 refresh phases, reads every 50 ms + 0-2 ms, instant or
+  2.4 ms counter reads, 50/150 W steps; median step error over the phases): steps of 70-130 ms 0.4-0.65 %
+  with one mark per boundary and 0.8-1.15 % with Lightning's two (0.5-3 ms apart; the power changing at
+  the first: half the gap goes to the wrong side), single steps off by 10-22 % at most per run
+  (median over runs); exact 100 ms steps 0.2-0.45 %, but 15-51 % at the worst locked phase, where the
+  figures move with every draw of the read times. ``benchmarks/fidelity.py`` (one mark per boundary, 100 ms
+  square wave): 0.28 % median, 1.4 % p95.
 
 The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once the points around ``t`` are final: a
 point at or after ``t`` exists and, for a counter, ``t`` is not in a period still waiting for the update
@@ -106,6 +117,15 @@ from collections import deque
 from dataclasses import dataclass
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.shaping import (  # noqa: F401 (re-exported: the series' public names)
+    SHAPE_PLACEMENT_S,
+    SHAPE_PRIOR_WEIGHT,
+    SHAPE_WINDOWS_KEPT,
+    ShapeReading,
+    segment_powers,
+    shape_lag_s,
+    shape_window_s,
+)
 
 # A quiet counter still gets a point after this many update periods, so zero power stays resolvable.
 STALE_COUNTER_PERIODS = 1.5
@@ -119,6 +139,25 @@ PHASE_TOLERANCE = 0.02
 # The estimate widens by this fraction of the period per period elapsed (500 ppm, 50 us per 0.1 s), so a
 # card whose period differs a little from the nominal one (its own clock, "about 0.1 s") stays followed.
 PHASE_DRIFT = 0.0005
+# Marks closer together than this form one step boundary (one change of power) for the boundary rule:
+# Lightning places two marks at every step boundary (a step's end and the next step's start, 0.5-3 ms apart)
+# and more at epoch and loop boundaries. 5 ms is well under anything the readings resolve (a 50 ms sampling
+# interval, the 25 ms NVML power window, the 100 ms counter period) and over the gap between such marks.
+MARK_CLUSTER_S = 0.005
+
+
+def boundaries(marks) -> list[tuple[float, float]]:
+    """The step boundaries among ``marks`` (times, s): ``(first, last)`` mark of each group of marks that
+    lie within :data:`MARK_CLUSTER_S` of the group's first one, in time order. The rules put a boundary's
+    one change of power at its middle, ``(first + last) / 2``: each mark of it then gets the power of the
+    side it is nearer."""
+    out: list[tuple[float, float]] = []
+    for m in sorted(marks):
+        if out and m - out[-1][0] <= MARK_CLUSTER_S:
+            out[-1] = (out[-1][0], m)
+        else:
+            out.append((m, m))
+    return out
 
 
 class CounterPhase:
@@ -236,69 +275,6 @@ class CounterPhase:
         return self.half_width_s + self.tolerance_s
 
 
-SHAPE_WINDOWS_KEPT = 8  # power-reading windows kept (the rule looks at three counter periods)
-SHAPE_PRIOR_WEIGHT = 0.05  # pull of each segment's power towards its counter period's mean (W per W)
-SHAPE_PLACEMENT_S = 0.010  # windows are placed once the reading's refresh phase is known within ±10 ms
-
-
-def shape_window_s(sensor: Sensor) -> float | None:
-    """Length (s) of the window over which a counter sensor's power reading averages.
-
-    A sensor opts in with the attribute ``shape_window_s`` (and ``shape_power_field``, the key of
-    :meth:`Sensor.read_fields` holding that power in W, which the sampler passes with each reading; and
-    ``shape_lag_s``, see :func:`shape_lag_s`): NVML's instant power on A100/H100/H200 is the mean over the
-    ~25 ms the power sensor observes in each 100 ms. The field refreshes every ``counter_update_period_s``
-    on its own schedule. None for other sensors.
-    """
-    window = getattr(sensor, "shape_window_s", None)
-    if window is None or getattr(sensor, "counter_update_period_s", None) is None:
-        return None
-    window = float(window)
-    return window if window >= 0.0 else None
-
-
-def shape_lag_s(sensor: Sensor) -> float:
-    """How long (s) before each refresh of the power reading its window ends (``shape_lag_s``, default 0)."""
-    lag = float(getattr(sensor, "shape_lag_s", 0.0) or 0.0)
-    return lag if lag >= 0.0 else 0.0
-
-
-def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
-    return max(0.0, min(a1, b1) - max(a0, b0))
-
-
-def segment_powers(bounds: list[float], periods: list[tuple[float, float, float]],
-                   windows: list[tuple[float, float, float]]) -> list[float]:
-    """Power (W) of each segment between consecutive ``bounds`` (the marks), constant in each, that best
-    fits the counter periods ``(start, end, exact J)`` and the power windows ``(start, end, mean W)``.
-
-    Least squares over: each period's mean power (exact), each window's mean power, and a weak pull of
-    every segment towards the mean of the period holding its middle (:data:`SHAPE_PRIOR_WEIGHT`), which
-    settles segments that no reading separates. Clipped at 0 W.
-    """
-    import numpy as np
-
-    n = len(bounds) - 1
-    rows, rhs = [], []
-    for a, b, energy in periods:
-        rows.append([_overlap(bounds[k], bounds[k + 1], a, b) / (b - a) for k in range(n)])
-        rhs.append(energy / (b - a))
-    for a, b, watts in windows:
-        if b > a:
-            rows.append([_overlap(bounds[k], bounds[k + 1], a, b) / (b - a) for k in range(n)])
-        else:  # an instantaneous reading: the power of the segment it falls in
-            k = min(max(bisect.bisect_right(bounds, a) - 1, 0), n - 1)
-            rows.append([1.0 if j == k else 0.0 for j in range(n)])
-        rhs.append(watts)
-    for k in range(n):
-        mid = (bounds[k] + bounds[k + 1]) / 2.0
-        mean = next((e / (b - a) for a, b, e in periods if a <= mid <= b), rhs[0])
-        rows.append([SHAPE_PRIOR_WEIGHT if j == k else 0.0 for j in range(n)])
-        rhs.append(SHAPE_PRIOR_WEIGHT * mean)
-    solution = np.linalg.lstsq(np.asarray(rows), np.asarray(rhs), rcond=None)[0]
-    return [max(float(p), 0.0) for p in solution]
-
-
 def ramp_weight(previous: tuple[float, float, bool] | None, t0: float, p0: float, dt: float, dp: float) -> float:
     """How far (0..1) a power change ``dp`` over ``(t0, t0 + dt)`` moves from mid-interval to its marks.
 
@@ -370,12 +346,9 @@ class SensorSeries:
         # the last period waits for the next point (its marks' figures are not final yet)
         self._breaks: list[float] = []
         self._waiting = False
-        # counters with a shape reading (see "Counters with a power reading"): (start s, end s, W) of the
-        # windows the power readings averaged, one per refresh of the reading, the latest last; the phase of
-        # those refreshes and the last reading seen
-        self._windows: deque[tuple[float, float, float]] = deque(maxlen=SHAPE_WINDOWS_KEPT)
-        self.shape_phase: CounterPhase | None = None
-        self._last_shape_w: float | None = None
+        # counters with a shape reading (see "Counters with a power reading"): its schedule and windows
+        self.shape: ShapeReading | None = None
+        self._first_read_s: float | None = None  # counters: when the first point's value was read
         self._previous: tuple[float, float, bool] | None = None  # power: (t, P) read before the last, marked
         self._power_range = (math.inf, -math.inf)  # power sensors: the lowest and highest reading so far, W
 
@@ -391,11 +364,33 @@ class SensorSeries:
     @property
     def last_time_s(self) -> float | None:
         """Time (s, sampler clock) up to which the figures are final (:meth:`covers`): the last point, or
-        the one before it while a counter period waits for the update after it; for a failed sensor, its
-        last good sample (a waiting period then stays linear)."""
+        the one before it while a counter period waits for the update after it, or, while a counter with a
+        period has only its first point, the earliest time that point may move back to (the update its
+        value came from, placed once the next one is); for a failed sensor, its last good sample (a waiting
+        period then stays linear)."""
         if not self.times:
             return None
+        if self._first_read_s is not None and self.failure is None:
+            return self.update_early[0]  # the first point may still move back to here
         return self.times[-2] if self._waiting and self.failure is None else self.times[-1]
+
+    @property
+    def shaping(self) -> str | None:
+        """How this counter's periods are shared out around step boundaries, in a few words: "shaped by
+        power_W (window 25 ms, lag 11 ms)", or "plain counter rule: <why>" where the sensor's power reading
+        does not follow the model (see :mod:`lightning_energy.measure.shaping`). None for sensors without a
+        power reading to shape by (or before its first reading)."""
+        return self.shape.status if self.shape is not None else None
+
+    @property
+    def shape_phase(self) -> CounterPhase | None:
+        """The refresh phase of the power reading (counters with one), or None."""
+        return self.shape.phase if self.shape is not None else None
+
+    @property
+    def _windows(self) -> tuple[tuple[float, float, float], ...]:
+        """The power reading's latest windows ``(start s, end s, W)``, the latest last."""
+        return tuple(self.shape.windows) if self.shape is not None else ()
 
     @property
     def last_energy_J(self) -> float | None:
@@ -451,11 +446,16 @@ class SensorSeries:
         period = self.sensor.counter_update_period_s
         if period is not None and not period > 0:
             period = None
-        if period is not None and shape_w is not None and math.isfinite(shape_w):
-            self._add_shape_reading(previous_read_t, seen_by, float(shape_w), period)
+        shaped_by = shape_w if period is not None and shape_window_s(self.sensor) is not None else None
+        if shaped_by is not None and math.isfinite(shaped_by):
+            if self.shape is None or self.shape.period_s != period:
+                self.shape = ShapeReading(self.sensor, period, CounterPhase)
+            self.shape.add(previous_read_t, seen_by, float(shaped_by))
         if not self.times:
-            # the value is that of the counter's last update, some time within the period before t
-            self._append(t, value, t - period if period else t, t)
+            # the value is that of the counter's last update, some time within the period before it was read;
+            # with a period, the point moves to that update once the next one is placed (_retime_first_point)
+            self._append(t, value, seen_by - period if period else t, t)
+            self._first_read_s = seen_by if period else None
             self.trace_energy_J = value
             return
         if period is None:  # a counter exact at every reading
@@ -475,36 +475,13 @@ class SensorSeries:
             u, early, late = self._place_stale(t, period)
         else:
             return
+        if self._first_read_s is not None:
+            self._retime_first_point(u, early, late, period, moved=value != self.energies[-1])
         dt = u - self.times[-1]
         self.power_w = (value - self.energies[-1]) / dt if dt > 0 else self.power_w
         self._append(u, value, early, late)
         self._counter_point_added()
         self.trace_energy_J = value
-
-    def _add_shape_reading(self, lo: float, hi: float, power_w: float, period: float) -> None:
-        """A power reading read by ``hi`` (previous read at ``lo``): a changed value is a refresh in
-        ``(lo, hi]``; it pins the refresh phase down and, once pinned, adds its window. Once pinned, an
-        unchanged value across a refresh surely inside ``(lo, hi]`` is that refresh keeping the value (the
-        field refreshes every period: measured on an H200), and adds its window too."""
-        window = shape_window_s(self.sensor)
-        last, self._last_shape_w = self._last_shape_w, power_w
-        if window is None or last is None or not math.isfinite(lo) or not lo < hi:
-            return
-        if self.shape_phase is None or self.shape_phase.period_s != period:
-            self.shape_phase = CounterPhase(period)
-        phase, changed = self.shape_phase, power_w != last
-        if changed:
-            phase.add_update(lo, hi)
-        w = phase.window_s() if phase.pinned else math.inf
-        if w > SHAPE_PLACEMENT_S:
-            return  # the refresh could lie anywhere in (lo, hi], or too wide a span: no window placed yet
-        expected = phase.expected_update(hi)
-        for refresh in (expected, expected - period, expected + period):
-            # the scheduled refresh this read saw; unchanged, only one that surely fell inside (lo, hi]
-            if (lo - w < refresh <= hi + w) if changed else (lo + w < refresh <= hi - w):
-                end = min(max(refresh, lo), hi) - shape_lag_s(self.sensor)
-                self._windows.append((end - window, end, max(power_w, 0.0)))
-                return
 
     # --- power sensors: zero-order hold, the change at the marks (mid-interval without one, or on a ramp) ---
     def _add_power(self, t: float, value: float, breakpoints) -> None:
@@ -520,7 +497,8 @@ class SensorSeries:
         t0, e0, p0 = self.times[-1], self.energies[-1], self.power_w
         over, under = self._over[-1], self._under[-1]
         dt, dp = t - t0, value - p0
-        inside = sorted(b for b in breakpoints if t0 < b < t) if dt > 0 else []
+        # one change per step boundary (a group of close marks: Lightning's step end and next step start)
+        inside = [(a + b) / 2.0 for a, b in boundaries(b for b in breakpoints if t0 < b < t)] if dt > 0 else []
         if dp == 0.0 and len(inside) >= 2:
             # equal readings around several marks: the power held, or changed and came back unseen
             # between the first mark and the last (steps shorter than the sampling interval)
@@ -561,9 +539,10 @@ class SensorSeries:
 
     # --- counters: a step rebuilt inside a period that holds marks -------------------------------------
     def _note_breaks(self, breakpoints) -> None:
-        """Remember the marks after the point that starts the oldest period the rule may still look at."""
+        """Remember the marks after the point that starts the oldest period the rule may still look at (and
+        those a boundary's width before it: they place that boundary)."""
         real = self._real_indices(3)
-        floor = self.times[real[0]] if len(real) >= 3 else -math.inf
+        floor = self.times[real[0]] - MARK_CLUSTER_S if len(real) >= 3 else -math.inf
         known = self._breaks
         if known and known[0] <= floor:
             del known[:bisect.bisect_right(known, floor)]
@@ -577,18 +556,25 @@ class SensorSeries:
         known = self._breaks
         return known[bisect.bisect_right(known, lo):bisect.bisect_left(known, hi)]
 
+    def _boundaries_inside(self, lo: float, hi: float) -> list[float]:
+        """Times (s) of the step boundaries in ``(lo, hi)``: the middle of each group of close marks
+        (:func:`boundaries`), which is where the counter rules put its change of power."""
+        return [m for m in ((first + last) / 2.0 for first, last in boundaries(self._breaks)) if lo < m < hi]
+
     def _counter_point_added(self) -> None:
         """A counter point was appended: settle the period that waited for it, then see whether the new
-        last period must wait (it holds marks and the period before it holds none)."""
+        last period must wait (it holds marks and, for the plain rule, the period before it holds no step
+        boundary; whether its own marks make a boundary inside it is known only once the marks close to
+        its end are, so any mark makes it wait)."""
         times = self.times
-        shaped = shape_window_s(self.sensor) is not None
+        shaped = self.shape is not None and self.shape.active
         if self._waiting:
             self._waiting = False
             if not (shaped and self._rebuild_shaped(len(times) - 3)):
                 self._rebuild_step(len(times) - 3)
         n = len(times)
         if n >= 3 and self._marks_inside(times[-2], times[-1]) and (
-                shaped or not self._marks_inside(times[-3], times[-2])):
+                shaped or not self._boundaries_inside(times[-3], times[-2])):
             self._waiting = True
 
     def _real_indices(self, count: int) -> list[int]:
@@ -603,8 +589,10 @@ class SensorSeries:
 
     def _rebuild_shaped(self, i: int) -> bool:
         """Share out the counter period ``(times[i], times[i+1])``, which holds marks, by the power
-        readings' windows (see "Counters with a power reading" in the module docstring). False when the
-        readings cannot say (no window near, too many marks): the neighbour rule then applies."""
+        readings' windows (see "Counters with a power reading" in the module docstring): one segment
+        between consecutive step boundaries (:func:`boundaries`), a point at each boundary inside the
+        period. False when the readings cannot say (no window near, more segments than readings, no
+        boundary inside the period): the neighbour rule then applies."""
         times, energies = self.times, self.energies
         if i < 0 or i + 2 >= len(times):
             return False
@@ -612,14 +600,14 @@ class SensorSeries:
         real = before + [i, i + 1, i + 2]
         lo, hi = times[real[0]], times[real[-1]]
         u0, u1 = times[i], times[i + 1]
-        marks = self._marks_inside(lo, hi)
-        inside = self._marks_inside(u0, u1)
-        if not inside:
+        marks = self._boundaries_inside(lo, hi)
+        inside = self._boundaries_inside(u0, u1)
+        if not inside or not self.shape.placing:
             return False
         periods = [(times[a], times[b], energies[b] - energies[a]) for a, b in zip(real, real[1:])]
         if any(not b > a for a, b, _ in periods):
             return False
-        windows = [w for w in self._windows if w[0] >= lo - 1e-9 and w[1] <= hi + 1e-9]
+        windows = [w for w in self.shape.windows if w[0] >= lo - 1e-9 and w[1] <= hi + 1e-9]
         if not windows or len(marks) + 1 > len(periods) + len(windows):
             return False  # more segments than readings: they cannot tell the segments apart
         powers = segment_powers([lo, *marks, hi], periods, windows)
@@ -647,14 +635,20 @@ class SensorSeries:
         self._under.insert(at, 0.0)
 
     def _rebuild_step(self, i: int) -> None:
-        """Rebuild the power step inside the period ``(times[i], times[i+1])`` (see the module docstring)."""
+        """Rebuild the power step inside the period ``(times[i], times[i+1])`` (see the module docstring) when
+        it holds a step boundary (:func:`boundaries`: the middle of a group of close marks) and its
+        neighbours hold none. Its points go at the first and the last mark of the period's boundaries: the
+        two marks of one boundary are then each exact for a step anywhere between them."""
         times, energies = self.times, self.energies
         if i < 1 or i + 2 >= len(times):
             return
         u0, u1, u2, um = times[i], times[i + 1], times[i + 2], times[i - 1]
-        marks = self._marks_inside(u0, u1)
-        if not marks or self._marks_inside(u1, u2) or min(u1 - u0, u0 - um, u2 - u1) <= 0:
+        groups = [(first, last) for first, last in boundaries(self._breaks) if u0 < (first + last) / 2.0 < u1]
+        if not groups or self._boundaries_inside(u1, u2) or self._boundaries_inside(um, u0):
             return
+        if min(u1 - u0, u0 - um, u2 - u1) <= 0:
+            return
+        marks = [m for m in self._marks_inside(u0, u1) if groups[0][0] <= m <= groups[-1][1]]
         e0, e1 = energies[i], energies[i + 1]
         span = u1 - u0
         before = (e0 - energies[i - 1]) / (u0 - um)
@@ -677,6 +671,22 @@ class SensorSeries:
         for at, (t, energy) in enumerate(new, start=i + 1):
             self._insert_rebuilt_point(at, t, energy)
 
+    def _retime_first_point(self, u: float, early: float, late: float, period: float, moved: bool) -> None:
+        """The counter's second point goes at ``u`` (its update within ``[early, late]``): put the first point
+        at the update before it, one period earlier, where the value first read was reached (it sat at the
+        read's time, so the first windows read up to a period's energy too much). Clamped to the span the
+        first value was read in (the period before its read's end); left where it is when the second point
+        is no move (an idle counter: nothing to place) or the spans do not meet (several updates between
+        the two reads, each value as old as the other)."""
+        first_read, self._first_read_s = self._first_read_s, None
+        if not moved or len(self.times) != 1:
+            return
+        early0, late0 = max(early - period, first_read - period), min(late - period, first_read)
+        if early0 > late0:
+            return
+        self.times[0] = min(max(u - period, early0), late0)
+        self.update_early[0], self.update_late[0] = early0, late0
+
     def _place_update(self, lo: float, hi: float, period: float) -> tuple[float, float, float]:
         """Time of the update seen at ``hi`` (previous read at ``lo``) and the span it lies in."""
         prev = self.times[-1]
@@ -694,8 +704,14 @@ class SensorSeries:
                 u = candidate if lo < candidate <= hi else (early + late) / 2.0
                 if u > prev:
                     return u, early, late
-        # not pinned down, or an update off the schedule: the time of the read that saw it
-        return hi, max(lo, hi - period, prev), hi
+        early = max(lo, hi - period, prev)
+        if not phase.pinned and hi - early < period:
+            # one update somewhere in (early, hi]: its middle, as the pinned estimate starts out (the middle of
+            # the arcs); at the read it sat half a read interval later than the pinned placements that follow
+            return (early + hi) / 2.0, early, hi
+        # an update off the schedule (late, or after a skipped one), or reads slower than the counter (each
+        # value as old as the others): the time of the read that saw it
+        return hi, early, hi
 
     def _place_stale(self, t: float, period: float) -> tuple[float, float, float]:
         """Where a point goes for a counter that has not moved for a while (zero power)."""
