@@ -206,3 +206,17 @@ def test_a_model_on_devices_besides_the_root_is_warned_about_once_and_noted(recw
     warned = [str(w.message) for w in recwarn if "cuda:1" in str(w.message)]
     assert len(warned) == 1 and "cuda:0" in warned[0]
     assert len(attachment.notes) == 1 and "cuda:1" in attachment.notes[0]
+
+
+def test_the_report_says_how_a_gpu_counter_was_attributed(tmp_path, monkeypatch):
+    """A fake H100's counter and instant power through a fit: the report names the rule its figures used."""
+    from fakes_nvml import FakeNvml, h100s
+    from lightning_energy.measure.sensors.nvml import NvmlGpuSensor
+
+    clock = install_fake_time(monkeypatch.setattr)
+    fake = FakeNvml(h100s(1, power_W=120.0), clock)
+    energy = EnergyCallback(sensors=[NvmlGpuSensor(0, pynvml_module=fake)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    fit(tmp_path, clock, [energy], batches=4, epochs=1)
+    (sensor,) = energy.report["sensors"]
+    assert sensor["attribution"].startswith(("shaped by", "plain counter rule"))

@@ -494,6 +494,9 @@ class EnergyCallback(MeteredCallback):
                 "mean_power_W": joules / fit.duration_s if fit.duration_s > 0 else 0.0,
                 "failure": s.failure if s is not None else "not sampled",
                 "missing_from_s": missing_from_s,
+                # counters with a power reading: whether the power readings shaped the steps' figures, or
+                # why the plain counter rule was used (the card did not behave as its family's constants say)
+                **({"attribution": s.shaping} if s is not None and s.shaping is not None else {}),
             })
         return {
             "rank": trainer.global_rank,
