@@ -14,7 +14,7 @@ import types
 import pytest
 
 from conftest import FakeClock
-from fakes_nvml import FakeTorch
+from fakes_nvml import FakeCuda, FakeTorch
 from lightning_energy.measure import clocks
 
 HOUR_S = 3600.0
@@ -33,6 +33,7 @@ def torch_fake(monkeypatch, clock) -> FakeTorch:
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setattr(clocks, "time", types.SimpleNamespace(perf_counter=clock))
     monkeypatch.setattr(clocks, "_DEVICE_CLOCKS", {}, raising=False)
+    monkeypatch.setattr(clocks, "find_capture_mode_exchange", lambda: None, raising=False)  # no CUDA driver
     fake.cuda.set_device(1)
     return fake
 
@@ -181,3 +182,142 @@ def test_one_clock_per_device_per_process(torch_fake, clock):
 def test_a_cuda_clock_refuses_a_cpu_device(torch_fake):
     with pytest.raises(ValueError, match="CUDA device"):
         clocks.CudaEventClock("cpu")
+
+
+# ------------------------------------------------------------------------ CUDA-graph captures
+EVENT_CALLS = ("cudaEventQuery", "cudaEventSynchronize", "cudaEventElapsedTime")
+
+
+class CapturingCuda(FakeCuda):
+    """``FakeCuda`` with CUDA-graph capture and per-thread capture modes, as CUDA has them: while a thread
+    captures in the global mode, an event call from another thread whose mode is global too fails and
+    invalidates the capture (the NCCL watchdog's crash, pytorch#104487). ``exchange_capture_mode`` stands
+    in for the driver's ``cuThreadExchangeStreamCaptureMode`` (every thread starts in the global mode)."""
+
+    def __init__(self, clock) -> None:
+        super().__init__(clock, clock.advance, 2, [], 0.0, 0.0)
+        self.capturing_thread: str | None = None
+        self.capture_invalidated = False
+        self.exchanges: list[tuple[str, int]] = []
+        self._modes = threading.local()
+
+    def exchange_capture_mode(self, mode: int) -> int:
+        previous = getattr(self._modes, "mode", clocks.CAPTURE_MODE_GLOBAL)
+        self._modes.mode = mode
+        self.exchanges.append((threading.current_thread().name, mode))
+        return previous
+
+    def begin_capture(self) -> None:
+        self.capturing_thread = threading.current_thread().name
+
+    def end_capture(self) -> None:
+        self.capturing_thread = None
+
+    def is_current_stream_capturing(self) -> bool:
+        return self.capturing_thread == threading.current_thread().name
+
+    def _runtime(self, call: str, device: int) -> None:
+        me = threading.current_thread().name
+        mode = getattr(self._modes, "mode", 0)
+        if call in EVENT_CALLS and self.capturing_thread not in (None, me) and mode == 0:
+            self.capture_invalidated = True
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        super()._runtime(call, device)
+
+
+class CapturingTorch(FakeTorch):
+    def __init__(self, clock) -> None:
+        super().__init__(clock, device_count=2)
+        self.cuda = CapturingCuda(clock)
+
+
+@pytest.fixture
+def capturing_torch(monkeypatch, clock) -> CapturingTorch:
+    fake = CapturingTorch(clock)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(clocks, "time", types.SimpleNamespace(perf_counter=clock))
+    fake.cuda.set_device(1)
+    return fake
+
+
+def query_on_sampler_thread(clock_under_test, token):
+    """``resolve`` on a thread named "sampler": its result, or the exception it raised."""
+    result = []
+
+    def query():
+        try:
+            result.append(clock_under_test.resolve(token))
+        except Exception as err:
+            result.append(err)
+
+    thread = threading.Thread(target=query, name="sampler")
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def test_event_queries_on_the_sampling_thread_never_break_a_graph_capture(monkeypatch, capturing_torch, clock):
+    """The training thread captures a CUDA graph in torch's default global mode while a boundary recorded
+    before the capture is pending: the sampling thread queries it in the thread-local mode, which ignores
+    other threads' captures, and puts its own mode back."""
+    monkeypatch.setattr(clocks, "find_capture_mode_exchange", lambda: capturing_torch.cuda.exchange_capture_mode,
+                        raising=False)
+    cuda_clock = clocks.CudaEventClock("cuda:1")
+    token = cuda_clock.record()  # complete at once (no lag)
+    capturing_torch.cuda.begin_capture()
+    clock.advance(0.125)
+    assert query_on_sampler_thread(cuda_clock, token) == 1000.0
+    assert not capturing_torch.cuda.capture_invalidated
+    sampler_modes = [mode for thread, mode in capturing_torch.cuda.exchanges if thread == "sampler"]
+    assert sampler_modes == [clocks.CAPTURE_MODE_THREAD_LOCAL, clocks.CAPTURE_MODE_GLOBAL]  # and back
+
+
+def broken_exchange(mode: int) -> int:
+    raise RuntimeError("cuThreadExchangeStreamCaptureMode failed with CUDA driver error 3")
+
+
+@pytest.mark.parametrize("exchange", [None, broken_exchange], ids=["no driver library", "driver call failing"])
+def test_without_the_driver_call_the_clock_does_not_query_while_the_training_thread_captures(
+        monkeypatch, capturing_torch, clock, exchange):
+    monkeypatch.setattr(clocks, "find_capture_mode_exchange", lambda: exchange, raising=False)
+    cuda_clock = clocks.CudaEventClock("cuda:1")
+    before = cuda_clock.record()
+    capturing_torch.cuda.begin_capture()
+    cuda_clock.record()  # a mark inside the capture: the clock notes it
+    clock.advance(0.125)
+    assert query_on_sampler_thread(cuda_clock, before) is None  # not queried: "not reached yet"
+    assert not capturing_torch.cuda.capture_invalidated
+    capturing_torch.cuda.end_capture()
+    cuda_clock.record()
+    assert query_on_sampler_thread(cuda_clock, before) == 1000.0
+    assert not capturing_torch.cuda.capture_invalidated
+
+
+def test_the_driver_call_is_found_only_where_the_cuda_driver_is(monkeypatch):
+    monkeypatch.setattr(clocks, "CUDA_DRIVER_LIBRARY", "libcuda-that-is-not-here.so.1")
+    assert clocks.find_capture_mode_exchange() is None
+
+
+def test_the_driver_call_exchanges_the_calling_threads_capture_mode(monkeypatch):
+    """``find_capture_mode_exchange`` through ctypes, against a C-callable stand-in for the driver's
+    ``CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)``."""
+    import ctypes
+
+    driver = {"mode": clocks.CAPTURE_MODE_GLOBAL, "result": 0}
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int))
+    def exchange_in_the_driver(mode):
+        driver["mode"], mode[0] = mode[0], driver["mode"]
+        return driver["result"]
+
+    library = types.SimpleNamespace(cuThreadExchangeStreamCaptureMode=exchange_in_the_driver)
+    fake_ctypes = types.SimpleNamespace(CDLL=lambda name: library, c_int=ctypes.c_int, POINTER=ctypes.POINTER,
+                                        byref=ctypes.byref)
+    monkeypatch.setattr(clocks, "ctypes", fake_ctypes)
+    exchange = clocks.find_capture_mode_exchange()
+    assert exchange(clocks.CAPTURE_MODE_THREAD_LOCAL) == clocks.CAPTURE_MODE_GLOBAL
+    assert driver["mode"] == clocks.CAPTURE_MODE_THREAD_LOCAL
+    assert exchange(clocks.CAPTURE_MODE_GLOBAL) == clocks.CAPTURE_MODE_THREAD_LOCAL
+    driver["result"] = 3  # CUDA_ERROR_NOT_INITIALIZED
+    with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed with CUDA driver error 3"):
+        exchange(clocks.CAPTURE_MODE_THREAD_LOCAL)

@@ -310,10 +310,10 @@ def test_window_recorder_keeps_the_last_sample_before_the_window():
     recorder.open()
     recorder(3.0, reading(3.0, 6.0))
     points = recorder.close()
-    assert [t for t, _ in points] == [2.0, 3.0] and points[-1][1]["s"] == (3.0, 6.0)
+    assert [t for t, _ in points] == [2.0, 3.0] and points[-1][1]["s"] == (3.0, 6.0, 3.0)  # (J, W, read time)
     recorder(4.0, reading(4.0, 6.0))
     recorder.open()
-    assert recorder.close() == [(4.0, {"s": (4.0, 6.0)})]
+    assert recorder.close() == [(4.0, {"s": (4.0, 6.0, 4.0)})]
     curve = EnergyCurve.from_window(2.5, {"s": 2.5}, 3.5, {"s": 3.5}, points)
     assert curve.energy_J == pytest.approx(1.0)
     assert np.allclose(curve.total_at(np.array([2.5, 3.0, 3.5])), [0.0, 0.5, 1.0])

@@ -14,17 +14,70 @@ runs per step. Every clock has the same four calls:
 - ``reanchor()``: a hint that now is a good time to refresh the anchor (free on the host).
 
 Use :func:`device_clock` to get them: one clock per device per process, shared by every meter.
+
+CUDA graphs. A user's CUDA-graph capture in torch's default ``capture_error_mode="global"`` forbids
+"potentially unsafe" CUDA calls, event queries included, on every other thread of the process that is in
+the global capture mode too (every thread is, by default): a query on the sampling thread would break the
+capture on the training thread (PyTorch's own NCCL watchdog did; pytorch#104487, fixed in #148594 by
+querying in the thread-local capture mode). So every event call of :class:`CudaEventClock` runs with the
+calling thread switched to ``cudaStreamCaptureModeThreadLocal`` for its duration, which ignores captures
+of other threads. torch does not expose ``cudaThreadExchangeStreamCaptureMode`` to Python, so the driver's
+own ``cuThreadExchangeStreamCaptureMode`` is called through ctypes (:func:`find_capture_mode_exchange`).
+Where the driver library cannot be loaded or its call fails, the clock falls back to not querying while the
+training thread was capturing when it last recorded a mark (best effort: a capture that begins after the
+last mark is not seen).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable, Iterator
 from lightning_energy.units import MS_PER_S
 
 REANCHOR_PERIOD_S = 60.0  # a CUDA clock takes a fresh anchor at most this often (s)
+# cudaStreamCaptureMode / CUstreamCaptureMode (the same values in the runtime and the driver)
+CAPTURE_MODE_GLOBAL = 0
+CAPTURE_MODE_THREAD_LOCAL = 1
+CUDA_DRIVER_LIBRARY = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+
+CaptureModeExchange = Callable[[int], int]  # sets the calling thread's capture mode, returns the previous one
+
+
+def find_capture_mode_exchange() -> CaptureModeExchange | None:
+    """The driver's ``cuThreadExchangeStreamCaptureMode`` as ``exchange(mode) -> previous mode``, or None
+    where the CUDA driver library or the function is missing. Raises ``RuntimeError`` on a CUDA error."""
+    try:
+        driver = ctypes.CDLL(CUDA_DRIVER_LIBRARY)
+        function = driver.cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    function.restype = ctypes.c_int
+
+    def exchange(mode: int) -> int:
+        value = ctypes.c_int(mode)
+        result = function(ctypes.byref(value))
+        if result != 0:
+            raise RuntimeError(f"cuThreadExchangeStreamCaptureMode failed with CUDA driver error {result}")
+        return value.value
+
+    return exchange
+
+
+def _working(exchange: CaptureModeExchange | None) -> CaptureModeExchange | None:
+    """``exchange`` if a round trip on the calling thread works (the mode set, then put back), else None."""
+    if exchange is None:
+        return None
+    try:
+        exchange(exchange(CAPTURE_MODE_THREAD_LOCAL))  # the inner call returns the mode to put back
+    except RuntimeError:
+        return None
+    return exchange
 
 
 class HostClock:
@@ -43,6 +96,9 @@ class HostClock:
 
     def reanchor(self) -> None:
         """Nothing to do on the host."""
+
+    def __repr__(self) -> str:
+        return "HostClock()"
 
 
 class _Anchor:
@@ -103,12 +159,15 @@ class CudaEventClock:
     Threads. ``record`` runs on the training thread (whose current device Lightning has set).
     ``resolve``, ``wait`` and the anchor queries run with ``torch.cuda.device(self.device)`` around
     every event query, so the sampling thread, whose current CUDA device is 0 unless set, never
-    creates a CUDA context on another GPU.
+    creates a CUDA context on another GPU; and in the thread-local capture mode, so that they never
+    break another thread's CUDA-graph capture (see the module docstring; ``capture_mode_exchange``:
+    default :func:`find_capture_mode_exchange`).
     """
 
     asynchronous = True
 
-    def __init__(self, device: Any, reanchor_period_s: float = REANCHOR_PERIOD_S) -> None:
+    def __init__(self, device: Any, reanchor_period_s: float = REANCHOR_PERIOD_S,
+                 capture_mode_exchange: CaptureModeExchange | None = None) -> None:
         import torch
 
         if not reanchor_period_s > 0:
@@ -124,15 +183,20 @@ class CudaEventClock:
         self._spare_events: deque = deque()
         self._lock = threading.Lock()  # resolve/wait may run on two threads; record never takes it
         self._candidate: _Candidate | None = None
+        # without the exchange: whether the training thread was capturing a CUDA graph at its last mark
+        self._training_thread_capturing = False
         with torch.cuda.device(device):
             event = self._new_event()
             event.record(torch.cuda.current_stream(device))
             event.synchronize()
-        self._anchor = _Anchor(event, time.perf_counter())
+            self._anchor = _Anchor(event, time.perf_counter())
+            self._exchange_capture_mode = _working(capture_mode_exchange or find_capture_mode_exchange())
 
     # --- training thread ------------------------------------------------------------------------
     def record(self) -> CudaToken:
         """A boundary at the end of the work queued so far on the current stream (no synchronisation)."""
+        if self._exchange_capture_mode is None:
+            self._training_thread_capturing = self._current_stream_capturing()
         if self._candidate is None and time.perf_counter() - self._anchor.t_s >= self.reanchor_period_s:
             self._record_candidate()
         event = self._spare_events.pop() if self._spare_events else self._new_event()
@@ -154,12 +218,40 @@ class CudaEventClock:
     def _new_event(self):
         return self._torch.cuda.Event(enable_timing=True)
 
+    def _current_stream_capturing(self) -> bool:
+        capturing = getattr(self._torch.cuda, "is_current_stream_capturing", None)
+        return bool(capturing()) if capturing is not None else False
+
+    def __repr__(self) -> str:
+        return f"CudaEventClock({self.device})"
+
+    @contextlib.contextmanager
+    def _querying(self) -> Iterator[None]:
+        """Event calls from here: the clock's device current, the calling thread in the thread-local
+        capture mode (restored after), so that another thread's CUDA-graph capture is never broken."""
+        with self._torch.cuda.device(self.device):
+            exchange = self._exchange_capture_mode
+            if exchange is None:
+                yield
+                return
+            previous = exchange(CAPTURE_MODE_THREAD_LOCAL)
+            try:
+                yield
+            finally:
+                exchange(previous)
+
     # --- any thread -----------------------------------------------------------------------------
     def resolve(self, token: CudaToken) -> float | None:
-        """The host time (s) at which the device reached ``token``, or None if it has not yet. Never blocks."""
-        if token.t_s is not None:
+        """The host time (s) at which the device reached ``token``, or None if it has not yet. Never blocks.
+
+        Without the capture-mode exchange, None while the training thread was capturing a CUDA graph at
+        its last mark (no query then)."""
+        if token.t_s is not None or self._training_thread_capturing:
             return token.t_s
-        with self._lock, self._torch.cuda.device(self.device):
+        return self._query(token)
+
+    def _query(self, token: CudaToken) -> float | None:
+        with self._lock, self._querying():
             self._poll_candidate()
             if token.t_s is None and token.event.query():
                 anchor = token.anchor
@@ -170,13 +262,15 @@ class CudaEventClock:
 
     def wait(self, token: CudaToken) -> float:
         """The host time (s) at which the device reached ``token``, blocking until it has (one
-        ``event.synchronize()``). For the rare boundaries that must be known now, such as fit end."""
+        ``event.synchronize()``). For the rare boundaries that must be known now, such as fit end. Its
+        caller (the training thread) is not capturing a graph while it waits."""
         if token.t_s is None:
             event = token.event
             if event is not None:
-                with self._torch.cuda.device(self.device):
+                with self._querying():
                     event.synchronize()
-            t_s = self.resolve(token)
+            self._training_thread_capturing = False
+            t_s = self._query(token)
             if t_s is None:
                 raise RuntimeError("a CUDA event reported incomplete right after synchronize()")
         return token.t_s

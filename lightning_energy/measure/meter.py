@@ -3,7 +3,13 @@
 A callback asks its :class:`Meter` for a :class:`Mark` at a boundary (cheap: a timestamp or CUDA
 event appended to a deque, no lock). The sampling thread resolves marks to cumulative energies per
 sensor once samples cover them, and turns queued windows into :class:`Measurement` objects, summed per
-tag and optionally queued for the training thread to log. Only epoch-level code waits for resolution.
+tag and optionally queued for the training thread to log.
+
+Step figures never wait: they are delivered once resolved. Waits for resolution (:meth:`Meter.wait`,
+bounded, never reading a sensor) happen where a figure must be known at once: epoch and loop ends
+(DDP epochs), the fit's end, and the decisions some callbacks take inside training (the power-limit
+search, precision, batch-size and Zeus batch-size choices, the forecast, the catalog, energy to
+accuracy, the profiler's windows, the pre-run probe): once per window or decision, not per step.
 """
 
 from __future__ import annotations
@@ -126,6 +132,9 @@ class Meter:
         self.totals: dict[Any, Totals] = {}
         self._resolved = threading.Condition()
 
+    def __repr__(self) -> str:
+        return f"Meter(sensors={self.sensor_names!r}, clock={self.clock!r})"
+
     # --- training thread ----------------------------------------------------------------------
     def mark(self) -> Mark:
         token = self.clock.record()
@@ -145,8 +154,10 @@ class Meter:
         marks as it samples and wakes this wait. Past the bound, sensors whose samples do not reach the
         mark yet are extrapolated from their last power and the mark says so (``extrapolated``,
         ``extrapolated_sensors``). An asynchronous (device) mark is never given host time: past the bound
-        the wait blocks on the device until the boundary has executed. Also guarantees that every window
-        queued before ``mark`` is resolved.
+        the wait blocks on the device until the boundary has executed, then waits (the same bound again)
+        for samples to cover that time, so that a boundary the device reached late is still measured;
+        only past that second bound is it extrapolated. Also guarantees that every window queued before
+        ``mark`` is resolved.
         """
         if mark.resolved:
             return mark
@@ -160,10 +171,12 @@ class Meter:
                 if remaining <= 0:
                     break
                 self._resolved.wait(timeout=remaining)
+        if not mark.resolved and mark.t is None:
+            mark.t = self.clock.wait(mark.token)  # blocks on the device: never host time for a device mark
+            # the device has only just got there: no sample can lie after it yet
+            self.wait_until_covered(mark.t, timeout_s)
         if not mark.resolved:
-            if mark.t is None:
-                mark.t = self.clock.wait(mark.token)  # blocks on the device: never host time for a device mark
-            self.sampler.force_resolve(self, mark)
+            self.sampler.force_resolve(self, mark)  # measured where covered, extrapolated (and flagged) where not
         return mark
 
     def wait_until_covered(self, t: float, timeout_s: float | None = None) -> bool:
@@ -187,6 +200,21 @@ class Meter:
         return True
 
     # --- sampling thread ----------------------------------------------------------------------
+    def resolve_device_times(self) -> None:
+        """Give the pending device marks the device has reached their host times, in order (never blocks).
+
+        The sampler calls it before each tick's readings are added, so that a boundary the device has
+        passed counts as a boundary for those readings (the series' boundary rule) as a host mark would.
+        """
+        if not self.clock.asynchronous:
+            return
+        for mark in tuple(self._pending_marks):  # appended to without a lock: copied in one C call
+            if mark.t is None:
+                t = self.clock.resolve(mark.token)
+                if t is None:
+                    return  # the device has not reached it, nor any later mark of its stream
+                mark.t = t
+
     def oldest_pending_time(self) -> float | None:
         marks = self._pending_marks
         return marks[0].t if marks and marks[0].t is not None else None
@@ -197,6 +225,13 @@ class Meter:
         A failed sensor resolves at once: interpolated before its last good sample, frozen there after
         (the mark lists it in ``stale``), so energy measured before a failure is never lost.
         """
+        try:
+            self._resolve_marks(series, force_until)
+        finally:  # a clock that raised still wakes the waits (they go on to their bound)
+            with self._resolved:
+                self._resolved.notify_all()
+
+    def _resolve_marks(self, series: dict, force_until: Mark | None) -> None:
         marks = self._pending_marks
         while marks:
             mark = marks[0]
@@ -234,8 +269,6 @@ class Meter:
                 continue
             break
         self._resolve_windows()
-        with self._resolved:
-            self._resolved.notify_all()
 
     def _resolve_windows(self) -> None:
         windows = self._pending_windows

@@ -101,7 +101,8 @@ class WindowRecorder:
         self.dropped = 0
 
     def __call__(self, t: float, readings: list[Reading]) -> None:
-        point = (t, {r.name: (r.energy_J, r.power_W) for r in readings})
+        # each reading at its own read time (a tick's later reads, a slow sensor's reader thread)
+        point = (t, {r.name: (r.energy_J, r.power_W, r.t_s if math.isfinite(r.t_s) else t) for r in readings})
         with self._lock:
             if not self._recording:
                 self._last = point
@@ -146,8 +147,9 @@ class EnergyCurve:
             ts, es = [start_s], [e_start]
             for t, values in samples:
                 value = values.get(name)
-                if start_s < t < end_s and value is not None and math.isfinite(value[0]):
-                    ts.append(t)
+                read_s = value[2] if value is not None and len(value) > 2 else t  # (J, W[, read time s])
+                if value is not None and start_s < read_s < end_s and math.isfinite(value[0]):
+                    ts.append(read_s)
                     es.append(value[0])
             ts.append(end_s)
             es.append(e_end)
