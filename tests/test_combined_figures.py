@@ -220,3 +220,22 @@ def test_the_report_says_how_a_gpu_counter_was_attributed(tmp_path, monkeypatch)
     fit(tmp_path, clock, [energy], batches=4, epochs=1)
     (sensor,) = energy.report["sensors"]
     assert sensor["attribution"].startswith(("shaped by", "plain counter rule"))
+
+
+def test_an_error_the_sampling_survives_is_warned_about_and_counted_in_the_report(tmp_path, monkeypatch):
+    """Not a sensor's: a listener (or a meter's clock) raising on the sampling thread."""
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+
+    class BrokenListener(L.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            def broken(t, readings):
+                raise RuntimeError("injected listener failure")
+            energy.attachment.sampler.add_listener(broken)
+
+    with pytest.warns(UserWarning, match="injected listener failure"):
+        fit(tmp_path, clock, [energy, BrokenListener()], batches=4, epochs=1)
+    errors = energy.report["sampling"]["errors"]
+    assert sum(errors.values()) == 1 and "listener" in next(iter(errors))
+    assert energy.report["total_J"] == pytest.approx(50.0 * energy.report["duration_s"], rel=1e-9)

@@ -408,7 +408,13 @@ class EnergyCallback(MeteredCallback):
         mine = set(self._names)
         fit_start = self.timeline.fit_start if self.timeline is not None else None
         for failure in list(failures)[self._failures_seen:]:
-            if failure.name in mine and failure.name not in self._warned_failures:
+            if failure.name not in mine and failure.name not in self._warned_failures and \
+                    failure.name not in self._sampler.series:  # a meter, clock, listener or the sampling thread
+                self._warned_failures.add(failure.name)
+                warnings.warn(f"lightning-energy: rank {self._rank}: {failure.name} failed ({failure.message}); "
+                              "sampling goes on and the report counts such errors (sampling.errors).",
+                              UserWarning, stacklevel=2)
+            elif failure.name in mine and failure.name not in self._warned_failures:
                 self._warned_failures.add(failure.name)
                 after_s = failure.t - fit_start.t if fit_start is not None and fit_start.t is not None else 0.0
                 warnings.warn(
@@ -450,6 +456,12 @@ class EnergyCallback(MeteredCallback):
                 "samples": self._sampler.samples_taken - self._samples_at_setup,
                 "trace_file": str(self._trace.trace_path) if self._trace else None,
                 "events_file": str(self._trace.events_path) if self._trace else None,
+                # transient read errors per sensor (within the error budget: the sensor stayed in), sensors read
+                # on a thread of their own because their reads are slow (s per read), and errors of the meters,
+                # clocks, listeners or sampling thread that sampling survived
+                "read_errors": {n: c for n, c in self._sampler.read_error_counts.items() if n in self._names},
+                "slow_sensors_s": {n: s for n, s in self._sampler.slow_sensors.items() if n in self._names},
+                "errors": dict(self._sampler.error_counts),
             },
             "notes": [*self._notes, *getattr(self._tb, "notes", [])],
             "figures_cover": list(self._all_names),

@@ -689,12 +689,12 @@ class NvmlGpuSensor(Sensor):
             u = nvml.nvmlDeviceGetUtilizationRates(h)
             return {"gpu_util_pct": float(u.gpu), "mem_util_pct": float(u.memory)}
 
-        queries = {
+        queries = {  # in read order: the power first, so that it is read right after the counter it shapes
+            "power_W": lambda: {"power_W": self._power_mw() * W_PER_MW},
             "utilisation": utilisation,
             "sm_clock_MHz": lambda: {"sm_clock_MHz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM))},
             "mem_clock_MHz": lambda: {"mem_clock_MHz": float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM))},
             "pstate": lambda: {"pstate": float(nvml.nvmlDeviceGetPerformanceState(h))},
-            "power_W": lambda: {"power_W": self._power_mw() * W_PER_MW},
             "temperature_C": lambda: {
                 "temperature_C": float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU))
             },
