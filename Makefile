@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export CODECARBON_LOG_LEVEL ?= error
 
-.PHONY: venv demo test test-gpu bench bench-gpu clean
+.PHONY: venv demo test test-gpu bench bench-gpu gpu-wheels gpu-check gpu-check-dry clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,28 @@ bench-gpu: venv
 	$(PY) benchmarks/nvml_semantics.py
 	OMP_NUM_THREADS=1 $(PY) benchmarks/precision.py --out benchmarks/results/precision_gpu.json
 	OMP_NUM_THREADS=1 $(PY) benchmarks/overhead.py --out benchmarks/results/overhead_gpu.json
+
+# A GPU machine with no network (issue 26; README "On a GPU machine with no network"). Here, with the
+# registries: wheels of what its image lacks (this project's own included) into $(GPU_WHEELS), git-ignored.
+# There: install them without a venv (--no-deps: --target ignores the image's packages, so resolving would
+# ask for a torch the folder must not hold) and run every GPU part within 8 minutes; results in
+# benchmarks/results (and $(OUT), where the device tool sets it). gpu-check-dry rehearses it here on fakes.
+GPU_WHEELS ?= .gpu-wheels
+GPU_SITE ?= /tmp/lightning-energy-site
+GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
+
+gpu-wheels: venv
+	$(PY) benchmarks/gpu_check.py wheels --out $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+		--target $(GPU_SITE) $(GPU_WHEELS)/*.whl
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$(if $(PYTHONPATH),:$(PYTHONPATH)) PYTHONUNBUFFERED=1 \
+		$(GPU_PYTHON) benchmarks/gpu_check.py $(if $(OUT),--copy-to $(OUT)) $(GPU_CHECK_ARGS)
+
+gpu-check-dry: venv
+	$(PY) benchmarks/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) runs lightning_logs .pytest_cache
