@@ -120,6 +120,7 @@ class _Read:
     t_s: float
     value: float = math.nan
     read_end_s: float | None = None
+    fields_from_s: float | None = None  # when the telemetry began to be read (s): after the value
     fields: dict = field(default_factory=dict)
     error: str | None = None
     fields_error: str | None = None
@@ -534,7 +535,7 @@ class Sampler:
         in_flight = self._in_flight[series.name] = _InFlight(reader, read.t_s, threading.current_thread())
         try:
             read.value = float(sensor.energy_j() if series.kind == "energy" else sensor.power_w())
-            read.read_end_s = self.clock()  # a read can take ms (NVML's counter: 2.4 ms)
+            read.read_end_s = read.fields_from_s = self.clock()  # a read can take ms (NVML's counter: 2.4 ms)
             try:
                 read.fields = sensor.read_fields()  # may block longer (NVML's PCIe queries: ~20 ms each)
             except Exception as err:  # telemetry lost, the value kept
@@ -570,7 +571,7 @@ class Sampler:
                 shape = getattr(series.sensor, "shape_power_field", None)  # counter + power reading
                 series.add_reading(read.t_s, read.value, self._breakpoints(read.t_s).get(series.name, ()),
                                    shape_w=read.fields.get(shape) if shape is not None else None,
-                                   read_end_s=read.read_end_s)
+                                   read_end_s=read.read_end_s, shape_from_s=read.fields_from_s)
                 series.fields = read.fields
             except Exception as err:  # a non-finite value, a counter going backwards, ...
                 error = f"{type(err).__name__}: {err}"

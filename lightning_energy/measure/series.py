@@ -342,6 +342,7 @@ class SensorSeries:
         self.phase: CounterPhase | None = None
         self._last_read: float | None = None
         self._last_read_t = -math.inf
+        self._shape_from_s = -math.inf  # when the latest reading's shape power began to be read (s)
         # counters: the marks seen lately (the boundary rule looks at a period's neighbours), and whether
         # the last period waits for the next point (its marks' figures are not final yet)
         self._breaks: list[float] = []
@@ -412,7 +413,7 @@ class SensorSeries:
         self._under.append(under)
 
     def add_reading(self, t: float, value: float, breakpoints=(), shape_w: float | None = None,
-                    read_end_s: float | None = None) -> None:
+                    read_end_s: float | None = None, shape_from_s: float | None = None) -> None:
         """Add one reading taken at time ``t``: joules for counters, watts for power sensors.
 
         ``breakpoints``: times (s, any order) of the marks not resolved yet, up to ``t``: where the work,
@@ -428,8 +429,14 @@ class SensorSeries:
         ``read_end_s``: when the sensor's read (with its fields) returned, if later than ``t`` (an H200's
         counter read takes 2.4 ms): a counter update or a refresh this reading shows happened by then, one
         the previous reading did not show after that reading's ``t``.
+
+        ``shape_from_s``: when the read of ``shape_w`` began, if later than ``t`` (NVML reads it after the
+        counter, 0.1-20 ms later): a refresh this reading's ``shape_w`` did not show happened after it, which
+        narrows the next reading's span for the refresh (see :meth:`ShapeReading.add`).
         """
         previous_read_t, self._last_read_t = self._last_read_t, t
+        shape_lo = self._shape_from_s if math.isfinite(self._shape_from_s) else previous_read_t
+        self._shape_from_s = t if shape_from_s is None else max(t, shape_from_s)
         seen_by = t if read_end_s is None else max(t, read_end_s)
         self.trace_energy_J = math.nan
         if not math.isfinite(value):
@@ -450,7 +457,7 @@ class SensorSeries:
         if shaped_by is not None and math.isfinite(shaped_by):
             if self.shape is None or self.shape.period_s != period:
                 self.shape = ShapeReading(self.sensor, period, CounterPhase)
-            self.shape.add(previous_read_t, seen_by, float(shaped_by))
+            self.shape.add(shape_lo, seen_by, float(shaped_by))
         if not self.times:
             # the value is that of the counter's last update, some time within the period before it was read;
             # with a period, the point moves to that update once the next one is placed (_retime_first_point)
