@@ -26,7 +26,7 @@ test: venv
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu
 
-BENCHMARKS := overhead baler_speed baler_stream precision prediction_error power_limit_search workbench shaping_phases
+BENCHMARKS := overhead baler_speed baler_stream precision prediction_error power_limit_search workbench shaping_phases end_to_end_truth
 
 bench: venv
 	set -e; for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(PY) benchmarks/$$b.py; done
