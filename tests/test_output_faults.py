@@ -375,11 +375,26 @@ def test_trace_in_a_log_dir_chmod_read_only_mid_run(tmp_path):
     assert len(writer.problems) == 1 and writer.complete is False
 
 
+class WaitForTraceProblem(L.Callback):
+    """Holds the first epoch's end until the EnergyCallback's trace writer reports a problem (bounded: 30 s)."""
+
+    def __init__(self, energy: EnergyCallback) -> None:
+        self.energy = energy
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        deadline = time.monotonic() + 30.0
+        while trainer.current_epoch == 0 and not self.energy._trace.problems and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+
 def test_a_fit_whose_trace_meets_a_full_disk_finishes_with_one_warning(tmp_path, monkeypatch):
     full_disk_for(monkeypatch, "energy_trace", limit=500)
     callback = EnergyCallback(sensors=[SimulatedSensor("device", 100.0), SimulatedSensor("host", 20.0, scope="host")],
                               verbose=False, interval_s=0.005)
-    trainer = L.Trainer(callbacks=[callback], logger=False, **trainer_kwargs(tmp_path, max_epochs=3))
+    # the first epoch ends once the trace has met the full disk (an event the sampler's rows bring about, not a
+    # time: a fast machine could finish the fit before 500 bytes of rows)
+    trainer = L.Trainer(callbacks=[callback, WaitForTraceProblem(callback)], logger=False,
+                        **trainer_kwargs(tmp_path, max_epochs=3))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))

@@ -31,6 +31,20 @@ def fit(tmp_path, callbacks, logger=None, model=None, **overrides):
     return trainer, logger
 
 
+class WaitUntilHung(L.Callback):
+    """Holds the first epoch's end until the sampler has declared ``name`` hung (bounded: 30 s)."""
+
+    def __init__(self, energy: EnergyCallback, name: str) -> None:
+        self.energy, self.name = energy, name
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == 0:
+            sampler = self.energy.attachment.sampler
+            deadline = time.monotonic() + 30.0
+            while self.name not in sampler.hung and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
 class ThreadRecording(SimulatedSensor):
     """Records the thread of every read; ``block`` makes reads wait on an event (a hung driver call)."""
 
@@ -63,7 +77,9 @@ def test_a_hung_sensor_never_stalls_training_and_is_flagged(tmp_path):
     callback = EnergyCallback(sensors=[device, host], verbose=False, interval_s=0.01)
     try:
         with pytest.warns(UserWarning, match="sensor 'device' failed .*did not return"):
-            trainer, _ = fit(tmp_path, [callback], max_epochs=40)
+            # the watchdog declares the read hung on the sampler's own schedule; the fit outlasts it whatever
+            # the machine's speed: its second epoch starts once the sensor is declared hung (an event, not a time)
+            trainer, _ = fit(tmp_path, [callback, WaitUntilHung(callback, "device")], max_epochs=40)
     finally:
         device.release.set()
     assert trainer.current_epoch == 40
