@@ -91,3 +91,23 @@ def test_ddp_epoch_power_is_the_sum_of_the_sensors_whatever_rank_0_does_at_epoch
     if validation == "val":
         val = [(float(r["energy/val_epoch_J"]), float(r["time/val_epoch_s"])) for r in rows if r.get("energy/val_epoch_J")]
         assert len(val) == 4 and all(j == pytest.approx((2 * D + H) * s, rel=1e-9) for j, s in val)
+
+
+@pytest.mark.slow
+def test_two_ranks_reading_one_card_count_it_once(tmp_path):
+    """Both ranks' device sensors name one card: every all-rank figure and the report count it once (rank 0's)."""
+    from ddp_shared_card_fit import CARD_W, HOST_W
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(HERE / "ddp_shared_card_fit.py"), str(tmp_path)], capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (report_path,) = tmp_path.rglob("energy_report.json")
+    report = json.loads(report_path.read_text())
+    for epoch in report["epochs"]:
+        assert epoch["per_sensor_J"]["device"] == pytest.approx(CARD_W * epoch["train_s"], rel=1e-9)
+        assert epoch["power_W"] == pytest.approx(CARD_W + HOST_W, rel=1e-9)
+    counted = {(s["name"], s["rank"]): s.get("counted", True) for s in report["sensors"]}
+    assert counted == {("device", 0): True, ("device", 1): False, ("host", 0): True}
+    d0 = next(r["duration_s"] for r in report["ranks"] if r["rank"] == 0)
+    assert report["total_J"] == pytest.approx((CARD_W + HOST_W) * d0, rel=1e-9)
