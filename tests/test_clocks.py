@@ -321,3 +321,24 @@ def test_the_driver_call_exchanges_the_calling_threads_capture_mode(monkeypatch)
     driver["result"] = 3  # CUDA_ERROR_NOT_INITIALIZED
     with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed with CUDA driver error 3"):
         exchange(clocks.CAPTURE_MODE_THREAD_LOCAL)
+
+
+def test_a_driver_call_that_fails_only_on_the_sampling_thread_falls_back_without_raising(
+        monkeypatch, capturing_torch, clock):
+    """The round trip works on the thread that made the clock; on the sampling thread the call fails (say, no
+    context current there): the query goes on without it, and from then on the clock uses the fallback."""
+    def exchange(mode: int) -> int:
+        if threading.current_thread().name == "sampler":
+            raise RuntimeError("cuThreadExchangeStreamCaptureMode failed with CUDA driver error 201")
+        return capturing_torch.cuda.exchange_capture_mode(mode)
+
+    monkeypatch.setattr(clocks, "find_capture_mode_exchange", lambda: exchange, raising=False)
+    cuda_clock = clocks.CudaEventClock("cuda:1")
+    token = cuda_clock.record()
+    clock.advance(0.125)
+    assert query_on_sampler_thread(cuda_clock, token) == 1000.0  # resolved, no exception
+    assert cuda_clock.capture_mode_exchange_failed
+    capturing_torch.cuda.begin_capture()
+    later = cuda_clock.record()  # the fallback notes the capture
+    clock.advance(0.125)
+    assert query_on_sampler_thread(cuda_clock, later) is None and not capturing_torch.cuda.capture_invalidated

@@ -239,3 +239,23 @@ def test_an_error_the_sampling_survives_is_warned_about_and_counted_in_the_repor
     errors = energy.report["sampling"]["errors"]
     assert sum(errors.values()) == 1 and "listener" in next(iter(errors))
     assert energy.report["total_J"] == pytest.approx(50.0 * energy.report["duration_s"], rel=1e-9)
+
+
+def test_a_checkpoint_at_an_epoch_end_holds_only_the_callbacks_own_sensors(tmp_path, monkeypatch):
+    """ModelCheckpoint saves at the epoch's end, before the epoch is delivered: its row is estimated from the
+    samples at hand (provisional), and covers the EnergyCallback's sensors alone, as the delivered row will."""
+    clock = install_fake_time(monkeypatch.setattr)
+    energy = EnergyCallback(sensors=[fake_sensor("fifty", 50.0, clock)], verbose=False, write_trace=False,
+                            log_power_figure=False)
+    carbon = CarbonCallback(intensity_g_per_kWh=100.0, sensors=[fake_sensor("thirty", 30.0, clock)], verbose=False)
+    saved = []
+
+    class SaveAtEpochEnd(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            saved.append(energy.state_dict())
+
+    fit(tmp_path, clock, [energy, carbon, SaveAtEpochEnd()], epochs=1)
+    (state,) = saved
+    (row,) = state["epochs"]
+    assert row.get("provisional") and set(row["per_sensor_J"]) == {"fifty"}
+    assert row["power_W"] == pytest.approx(50.0, rel=1e-9)

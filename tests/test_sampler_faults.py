@@ -237,9 +237,9 @@ def test_the_read_end_is_taken_before_slow_telemetry_and_after_the_shape_power_r
     calls = []
     add_reading = series.add_reading
 
-    def recorded(t, value, breakpoints=(), shape_w=None, read_end_s=None):
+    def recorded(t, value, breakpoints=(), shape_w=None, read_end_s=None, **more):
         calls.append((round(read_end_s - t, 6), shape_w, value))
-        add_reading(t, value, breakpoints, shape_w=shape_w, read_end_s=read_end_s)
+        add_reading(t, value, breakpoints, shape_w=shape_w, read_end_s=read_end_s, **more)
 
     series.add_reading = recorded
     for _ in range(4):
@@ -548,3 +548,93 @@ def test_a_slow_sensors_reader_thread_ends_when_its_sensor_is_released():
     assert not reader.is_alive() and sampler.running
     sampler.release("b")
     assert not (lightning_energy_threads() - before)
+
+
+# ----------------------------------------------------------------------------- second review
+class TickOnSecondRequest(Sampler):
+    """The first request for a sample (the wait's first bound) brings nothing; the next one is a tick 10 ms
+    later on the fake clock: a device boundary learnt just before the first bound ran out."""
+
+    requests = 0
+
+    def request_sample(self) -> None:
+        self.requests += 1
+        if self.requests >= 2:
+            self.clock.advance(0.01)
+            self.sample_once()
+
+
+def test_a_device_mark_learnt_just_before_the_bound_is_waited_for_not_extrapolated():
+    clock = FakeClock()
+    sampler = TickOnSecondRequest(clock=clock)
+    names = sampler.acquire("fit", [SimulatedSensor("gpu", 100.0, clock=clock)], interval_s=0.01,
+                            start_thread=False)
+    meter = Meter(sampler, names, DeviceClock(clock, lag_s=0.0))
+    sampler.add_meter(meter)
+    clock.advance(0.1)
+    sampler.sample_once()
+    clock.advance(0.005)
+    mark = meter.mark()
+    meter.resolve_device_times()  # the sampling thread learnt its time; no sample after it yet
+    assert mark.t is not None and not mark.resolved
+    assert meter.wait(mark, timeout_s=0.001) is mark
+    assert mark.resolved and not mark.extrapolated and mark.extrapolated_sensors == ()
+
+
+def test_a_forced_resolution_does_not_call_a_read_of_a_slow_sensor_hung_before_several_of_its_reads(
+        manual_sampler, clock):
+    """A BMC whose reads take 1.2 s, in its read for 1.3 s at a fit-end flush (longer than the 1 s bound):
+    slow, not hung (the watchdog's 2 s still applies)."""
+    bmc = Gated("bmc", clock, block_from=2)
+    names = manual_sampler.acquire("fit", [bmc], interval_s=0.01, start_thread=False)
+    manual_sampler.slow_sensors["bmc"] = 1.2  # what its reader thread remembers of its reads
+    meter = Meter(manual_sampler, names)
+    meter.clock.record = clock
+    manual_sampler.add_meter(meter)
+    clock.advance(0.01)
+    tick = threading.Thread(target=manual_sampler.sample_once, name="lightning-energy-test-tick")
+    tick.start()
+    try:
+        assert bmc.blocked.wait(EVENT_BOUND_S)
+        clock.advance(1.3)
+        end = meter.mark()
+        manual_sampler.force_resolve(meter, end)
+        assert manual_sampler.series["bmc"].live and "bmc" not in manual_sampler.hung
+        assert end.extrapolated_sensors == ("bmc",)  # flagged as not covered, not failed
+    finally:
+        bmc.gate.set()
+        tick.join(EVENT_BOUND_S)
+
+
+class CloseRecording(Gated):
+    """A gated sensor that records whether ``close`` ran while one of its reads was in flight."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.in_read = False
+        self.closed_during_read = None
+
+    def power_w(self) -> float:
+        self.in_read = True
+        try:
+            return super().power_w()
+        finally:
+            self.in_read = False
+
+    def close(self) -> None:
+        self.closed_during_read = self.in_read
+
+
+def test_release_never_closes_a_sensor_under_a_read_in_flight(manual_sampler, clock):
+    sensor = CloseRecording("gpu", clock, block_from=2)
+    manual_sampler.acquire("fit", [sensor], interval_s=0.01, start_thread=False)
+    tick = threading.Thread(target=manual_sampler.sample_once, name="lightning-energy-test-tick")
+    tick.start()
+    assert sensor.blocked.wait(EVENT_BOUND_S)  # the sampling thread is inside a read
+    release = threading.Thread(target=manual_sampler.release, args=("fit",))
+    release.start()
+    release.join(0.2)  # old code: closed at once, under the read
+    sensor.gate.set()
+    release.join(EVENT_BOUND_S)
+    tick.join(EVENT_BOUND_S)
+    assert sensor.closed_during_read is False  # closed after the read returned

@@ -544,7 +544,7 @@ class EnergyCallback(MeteredCallback):
         so_far = self.timeline.so_far(self._names, until)
         # epochs ended but not yet delivered (single process: a few steps after their end) are included
         # as estimated from the samples at hand, and marked so
-        pending = [{**self._epoch_row(f), "provisional": True} for f in so_far["pending_epochs"]]
+        pending = [{**self._epoch_row(f.for_sensors(self._all_names)), "provisional": True} for f in so_far["pending_epochs"]]
         merged = distributed.merge(distributed.gather(trainer, {
             "total_J": so_far["fit_J"],
             "train_J": self._session_train_J + so_far.get("open_train_J", 0.0) + sum(r["train_J"] for r in pending),

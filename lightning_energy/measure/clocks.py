@@ -191,6 +191,7 @@ class CudaEventClock:
             event.synchronize()
             self._anchor = _Anchor(event, time.perf_counter())
             self._exchange_capture_mode = _working(capture_mode_exchange or find_capture_mode_exchange())
+        self.capture_mode_exchange_failed = False  # True once a call failed on another thread (then: the fallback)
 
     # --- training thread ------------------------------------------------------------------------
     def record(self) -> CudaToken:
@@ -231,14 +232,25 @@ class CudaEventClock:
         capture mode (restored after), so that another thread's CUDA-graph capture is never broken."""
         with self._torch.cuda.device(self.device):
             exchange = self._exchange_capture_mode
-            if exchange is None:
-                yield
-                return
-            previous = exchange(CAPTURE_MODE_THREAD_LOCAL)
+            previous = None
+            if exchange is not None:
+                try:
+                    previous = exchange(CAPTURE_MODE_THREAD_LOCAL)
+                except RuntimeError:  # works on the thread that made the clock, not here: fall back for good
+                    self._give_up_capture_mode_exchange()
             try:
                 yield
             finally:
-                exchange(previous)
+                if previous is not None:
+                    try:
+                        exchange(previous)
+                    except RuntimeError:  # the thread may stay thread-local: harmless for this thread's queries
+                        self._give_up_capture_mode_exchange()
+
+    def _give_up_capture_mode_exchange(self) -> None:
+        """From now on, the fallback: no event query while the training thread was capturing at its last mark."""
+        self._exchange_capture_mode = None
+        self.capture_mode_exchange_failed = True
 
     # --- any thread -----------------------------------------------------------------------------
     def resolve(self, token: CudaToken) -> float | None:

@@ -171,9 +171,11 @@ class Meter:
                 if remaining <= 0:
                     break
                 self._resolved.wait(timeout=remaining)
-        if not mark.resolved and mark.t is None:
-            mark.t = self.clock.wait(mark.token)  # blocks on the device: never host time for a device mark
-            # the device has only just got there: no sample can lie after it yet
+        if not mark.resolved and self.clock.asynchronous:
+            if mark.t is None:
+                mark.t = self.clock.wait(mark.token)  # blocks on the device: never host time for a device mark
+            # the device got there late (now, or shortly before the first bound ran out, when the sampling
+            # thread learned its time): samples after it may still be on their way
             self.wait_until_covered(mark.t, timeout_s)
         if not mark.resolved:
             self.sampler.force_resolve(self, mark)  # measured where covered, extrapolated (and flagged) where not

@@ -66,7 +66,11 @@ WATCHDOG_POLLS_PER_TIMEOUT = 4  # the watchdog looks every READ_TIMEOUT_S / 4
 # long (s): far beyond any healthy read (NVML with its PCIe telemetry: ~45 ms), and beyond what scheduling on
 # a loaded machine adds to one, so a healthy sensor is never failed for a hiccup.
 LATE_READ_MIN_S = 0.5
+# ... and for a sensor slow by nature (its remembered read time, a BMC's second), longer than this many of its
+# usual reads: only the watchdog (READ_TIMEOUT_S) declares such a read hung sooner.
+SLOW_READ_HUNG_FACTOR = 3.0
 THREAD_JOIN_TIMEOUT_S = 5.0
+READ_DONE_POLL_S = 0.001  # how often release looks whether a read in flight of a sensor to close returned (s)
 # A read (value and telemetry) longer than this fraction of the sampling interval delays the sensors read
 # after it in a tick by more than that: the sensor is moved to a reader thread of its own. Reads shorter
 # than SLOW_READ_MIN_S never are (NVML's counter: 2.4 ms), however short the interval.
@@ -211,7 +215,7 @@ class Sampler:
         self._budgets: dict[str, _ErrorBudget] = {}
         self._readers: dict[str, _Reader] = {}  # slow sensors: their reader threads
         self._queued_reads: deque[_Read] = deque()  # read by reader threads, added at the next tick
-        self.hung: set[str] = set()  # sensors whose read never returned: never closed, never read again
+        self.hung: set[str] = set()  # sensors whose read never returned: never read again, never closed (forgotten at release)
 
     # --- life cycle -----------------------------------------------------------------------------
     @property
@@ -251,7 +255,9 @@ class Sampler:
             self.sample_once()
             return names
         if not self.running:
-            self._start_thread()
+            with self._lock:
+                self._stop.clear()
+                self._start_thread()
         self._wake.set()
         self._await_first_points(names)
         return names
@@ -281,7 +287,8 @@ class Sampler:
         return False
 
     def _start_thread(self) -> None:
-        self._stop.clear()
+        """Start the sampling thread (and the watchdog if none runs): from ``acquire`` (which clears the stop
+        flag first) or, under the data lock, as a hung thread's replacement (never after ``stop``)."""
         generation = self._generation
         self._thread = threading.Thread(target=self._run, args=(generation,), name="lightning-energy-sampler",
                                         daemon=True)
@@ -329,8 +336,11 @@ class Sampler:
         for reader in readers:  # before its sensor is closed under it
             self._join(reader.thread)
         for series in to_close:
-            if series.name in self.hung:
-                continue  # a sensor stuck in a read would block here too
+            if series.name in self.hung or not self._await_read_done(series.name):
+                # stuck in a read (closing would block too, or run under it): left unclosed; its name is free
+                # again for a later fit's sensor, whose reads have nothing to do with this one's
+                self.hung.discard(series.name)
+                continue
             try:
                 series.sensor.close()
             except Exception:  # closing a broken sensor must not break teardown
@@ -356,6 +366,17 @@ class Sampler:
         watchdog, self._watchdog = self._watchdog, None
         for joined in [thread, *(r.thread for r in readers), watchdog]:
             self._join(joined)
+
+    def _await_read_done(self, name: str) -> bool:
+        """Wait (bounded: until the read would be declared hung) for a read of ``name`` in flight on any thread
+        to return; False if it is still in flight."""
+        read = self._in_flight.get(name)
+        if read is None:
+            return True
+        deadline = time.perf_counter() + max(READ_TIMEOUT_S - (self.clock() - read.started_s), 0.0)
+        while self._in_flight.get(name) is read and time.perf_counter() < deadline:
+            time.sleep(READ_DONE_POLL_S)
+        return self._in_flight.get(name) is not read
 
     def _join(self, thread: threading.Thread | None) -> None:
         if thread is None or thread is threading.current_thread():
@@ -464,10 +485,15 @@ class Sampler:
         with self._lock:
             for name, read in tuple(self._in_flight.items()):
                 series = self.series.get(name)
-                if (names is not None and name not in names) or now - read.started_s < older_than_s:
+                # a sensor slow by nature (a BMC read of a second) is not hung at a forced resolution until its
+                # read has taken several of its usual reads
+                limit = older_than_s if names is None else max(
+                    older_than_s, SLOW_READ_HUNG_FACTOR * self.slow_sensors.get(name, 0.0))
+                if (names is not None and name not in names) or now - read.started_s < limit:
                     continue
-                if self._in_flight.get(name) is read:
-                    del self._in_flight[name]
+                if self._in_flight.get(name) is not read:
+                    continue  # the read returned meanwhile
+                del self._in_flight[name]
                 if series is None or not series.live:
                     continue
                 self.hung.add(name)
@@ -481,8 +507,8 @@ class Sampler:
                     restart = self._thread is not None and not self._stop.is_set()
             if declared:
                 self._resolve_meters(now)
-        if restart:
-            self._start_thread()
+            if restart and not self._stop.is_set():  # under the lock: stop() cannot slip in between
+                self._start_thread()
 
     def sample_once(self, read_all: bool = False, generation: int | None = None, detach_slow: bool = False) -> None:
         """One tick: read the sensors that are due, then feed meters and listeners.
@@ -499,10 +525,13 @@ class Sampler:
                    if s.live and s.name not in self._readers and (read_all or not s.read_recently(t))]
         reads = []
         for series in due:
+            if not series.live or self.series.get(series.name) is not series:
+                continue  # released (its sensor about to be closed) or failed since the tick began
             read = self._read(series, ("tick", generation))
             if generation != self._generation:
                 return  # declared hung and replaced meanwhile: discard this tick
             reads.append(read)
+            # one slow read is enough: waiting for a second could leave the others behind a read that hangs
             if detach_slow and read.duration_s > max(SLOW_READ_FRACTION * self.interval_s, SLOW_READ_MIN_S):
                 self._read_alone_from_now_on(series, read.duration_s)
         with self._lock:
@@ -657,8 +686,8 @@ class Sampler:
         during a read): safe on the training thread.
         """
         late_s = max(self.resolution_timeout_s(), LATE_READ_MIN_S)
-        self._declare_hung(late_s, f"read did not return within {late_s:.2f} s (hung; found by a forced resolution)",
-                           names=meter.sensor_names)
+        self._declare_hung(late_s, f"read did not return within {late_s:.2f} s or {SLOW_READ_HUNG_FACTOR:g} of its "
+                           "usual reads (hung; found by a forced resolution)", names=meter.sensor_names)
         with self._lock:
             meter.resolve(self.series, force_until=mark)
 
