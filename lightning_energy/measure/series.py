@@ -84,7 +84,9 @@ middle where a rule needs one point; each of its marks then gets the power of th
 - Counters with a power reading (NVML on A100/H100/H200: ``shape_window_s``; the model, its constants and
   the run-time check of the card's schedule are in :mod:`lightning_energy.measure.shaping`): the sampler
   passes the power field with every reading; once its refresh phase is pinned, each window it averaged is
-  placed, and every period that holds marks waits for the update after it and is shared out by
+  placed (where the run's own readings put it: :class:`~lightning_energy.measure.shaping.WindowPlacement`,
+  fed every final counter period with its boundaries), and every period that holds marks waits for the
+  update after it and is shared out by
   :func:`segment_powers` (one power per segment between step boundaries over the periods before, of and
   after it, fitted to their exact energies and their windows; the period's exact energy shared out in
   proportion, so every counter update keeps its value). With more segments than readings (steps shorter
@@ -579,6 +581,12 @@ class SensorSeries:
             self._waiting = False
             if not (shaped and self._rebuild_shaped(len(times) - 3)):
                 self._rebuild_step(len(times) - 3)
+        if shaped:  # the period before the last one is final: evidence for where the power windows lie
+            real = self._real_indices(3)
+            if len(real) == 3:
+                u0, u1 = times[real[0]], times[real[1]]
+                self.shape.add_period(u0, u1, self.energies[real[1]] - self.energies[real[0]],
+                                      self._boundaries_inside(u0, u1))
         n = len(times)
         if n >= 3 and self._marks_inside(times[-2], times[-1]) and (
                 shaped or not self._boundaries_inside(times[-3], times[-2])):
@@ -614,7 +622,7 @@ class SensorSeries:
         periods = [(times[a], times[b], energies[b] - energies[a]) for a, b in zip(real, real[1:])]
         if any(not b > a for a, b, _ in periods):
             return False
-        windows = [w for w in self.shape.windows if w[0] >= lo - 1e-9 and w[1] <= hi + 1e-9]
+        windows = self.shape.windows_within(lo, hi)
         if not windows or len(marks) + 1 > len(periods) + len(windows):
             return False  # more segments than readings: they cannot tell the segments apart
         powers = segment_powers([lo, *marks, hi], periods, windows)
