@@ -15,7 +15,10 @@ clock (no real sleeping):
   100 ms energy counter on its own phase, the fake H200 through the product's real ``NvmlGpuSensor`` with its
   instant-power refresh phase drawn from the measured 38-82 ms, lags of 5-20 ms and window lengths of 20-50 ms
   (the meter assumes 11 ms / 25 ms), counter reads taking 0-20 ms, a slow sensor beside a healthy one, and
-  CUDA-like asynchronous marks that the device reaches 0-2 s after they are recorded.
+  CUDA-like asynchronous marks that the device reaches 0-2 s after they are recorded. The fake H200's
+  phases run twice: with an exactly constant idle power and 2-20 ms from setup to the fit (the field then
+  changes only once steps begin), and "realistic idle": 2 s from setup to the fit with the idle power wandering
+  by up to a watt, as an idle H200's instant field changes every ~101 ms (IDLE_BEFORE_FIT_S).
 - The product's sampler runs without its thread. A driver runs ``Sampler.sample_once`` at each tick of the
   fake clock (the sampler's interval + 0-2 ms after the previous tick's reads ended), the clock set to the tick
   (sensor reads advance it by their read time; the training thread's time is restored afterwards: the two
@@ -85,6 +88,14 @@ HOOK_GAP_S = (0.0005, 0.003)  # Lightning's own time between hooks (s)
 LOADER_GAP_S = (0.010, 0.060)  # now and then a data-loader wait before a batch (s) ...
 LOADER_GAP_CHANCE = 0.1  # ... in this share of the batches
 SETUP_S = (0.002, 0.020)  # fake time between the callbacks' setup and the fit's start (model set-up, s)
+# The realistic-idle variant of the fake H200: 2 s between setup and the first step (strategy and data set-up;
+# real fits take seconds), the idle power wandering by up to a watt every 20 ms, as an idle card's does: on the
+# H200 the instant field changed every 101 ms at idle (median of 27, benchmarks/results/nvml_semantics.json,
+# polled/idle/instant_interval_ms). The other cases keep an exactly constant idle power, which the field never
+# shows changing (the harsher case).
+IDLE_BEFORE_FIT_S = 2.0
+IDLE_WANDER_W = 1.0
+IDLE_WANDER_EVERY_S = 0.02
 SETTLE_S = 1.5  # fake time the observer lets pass at fit end before the suite's own hooks (s), plus the lag
 VALIDATION_BATCH_S = 0.03
 COUNTER_PERIOD_S = 0.1
@@ -327,6 +338,7 @@ class FitHarness:
         self.epochs: list[dict] = []
         self.steps: list[dict] = []
         self.timeline = None  # the product's timeline (for the marks' own bounds)
+        self.realistic_idle = False
         self.step_figures: dict[int, Any] = {}
 
     def gap(self) -> None:
@@ -344,6 +356,14 @@ class FitHarness:
     def between_steps(self) -> None:
         for channel in self.channels.values():
             channel.between_steps(self.clock.t)
+
+    def idle(self, seconds: float) -> None:
+        """``seconds`` of idle before the fit, each channel's power wandering by up to IDLE_WANDER_W."""
+        end = self.clock.t + seconds
+        while self.clock.t < end:
+            for channel in self.channels.values():
+                channel.truth.set(self.clock.t, channel.pattern.idle_W + self.rng.uniform(-IDLE_WANDER_W, IDLE_WANDER_W))
+            self.driver.advance(min(IDLE_WANDER_EVERY_S, end - self.clock.t))
 
     def truth_J(self, names: list[str], start_s: float, end_s: float) -> float:
         return sum(self.channels[n].energy_J(start_s, end_s) for n in names)
@@ -372,6 +392,8 @@ class HookObserver(Callback):
         self.h = harness
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if self.h.realistic_idle:
+            self.h.idle(IDLE_BEFORE_FIT_S)
         self.h.driver.advance(self.h.rng.uniform(*SETUP_S))
         self.h.fit["start"] = self.h.clock()
         self.h.between_steps()
@@ -469,6 +491,7 @@ class Case:
     long_steps_s: float | None = None  # also report steps at least this long apart (s)
     params: dict = field(default_factory=dict)
     validation_batches: int = 2  # per epoch
+    realistic_idle: bool = False  # IDLE_BEFORE_FIT_S of idle power wandering by IDLE_WANDER_W before the fit
 
 
 def fixed(seconds: float) -> Callable[[int, random.Random], float]:
@@ -615,6 +638,10 @@ def cases(quick: bool) -> list[Case]:
         out.append(Case(f"H200 wandering: {tag}", "H200 wandering", h200(phase, lag, window), wandering(0.1, 0.3),
                         15, seed=40 + k, goals=(GOAL_H200, *base), long_steps_s=0.1,
                         params={"phase_ms": phase * 1e3, "lag_ms": lag * 1e3, "window_ms": window * 1e3}))
+        out.append(Case(f"H200 wandering, realistic idle: {tag}", "H200 wandering, realistic idle",
+                        h200(phase, lag, window), wandering(0.1, 0.3), 15, seed=40 + k, goals=(GOAL_H200, *base),
+                        long_steps_s=0.1, realistic_idle=True,
+                        params={"phase_ms": phase * 1e3, "lag_ms": lag * 1e3, "window_ms": window * 1e3}))
     if not quick:
         out.append(Case("H200 wandering: the meter's own 55/11/25 ms", "H200 meter's model", h200(0.055, 0.011, 0.025),
                         wandering(0.1, 0.3), 15, seed=49, goals=(GOAL_H200, *base), long_steps_s=0.1))
@@ -672,6 +699,7 @@ def run_case(case: Case, workdir: Path) -> RunResult:
     marks = LaggingDeviceMarks(clock, lag, driver.block_until) if case.lag_s is not None else HostMarks(clock)
     harness = FitHarness(clock, driver, hw.channels, case.step_length_s, random.Random(rng.randrange(1 << 30)),
                          SETTLE_S + lag)
+    harness.realistic_idle = case.realistic_idle
     root = workdir / f"case{case.seed}"
     root.mkdir(parents=True, exist_ok=True)
     callbacks, measured = (case.callbacks or energy_only)(hw, root)
