@@ -259,3 +259,16 @@ def test_a_checkpoint_at_an_epoch_end_holds_only_the_callbacks_own_sensors(tmp_p
     (row,) = state["epochs"]
     assert row.get("provisional") and set(row["per_sensor_J"]) == {"fifty"}
     assert row["power_W"] == pytest.approx(50.0, rel=1e-9)
+
+
+def test_a_sensor_whose_description_raises_still_takes_part_in_the_card_count():
+    """Under DDP every rank gathers its sensors' descriptions once: one that raises must not keep a rank from
+    the collective (the others would wait for ever)."""
+    from lightning_energy.integration.timeline import _description
+
+    class Broken(SimulatedSensor):
+        def describe(self):
+            raise RuntimeError("a user's sensor")
+
+    assert _description(Broken("mine", 10.0)) == {"name": "mine"}
+    assert _description(SimulatedSensor("fine", 10.0))["name"] == "fine"

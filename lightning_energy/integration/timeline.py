@@ -563,7 +563,7 @@ class Timeline:
         ``CUDA_VISIBLE_DEVICES``) would count it twice, so the lowest rank keeps it (by the card's UUID).
         The first call is a collective (every rank settles the same first boundary); later ones are free."""
         if self._left_out is None:
-            described = [self.sampler.series[n].sensor.describe() for n in self.meter.sensor_names
+            described = [_description(self.sampler.series[n].sensor) for n in self.meter.sensor_names
                          if n in self.sampler.series]
             skip = duplicate_device_sensors(_gather(trainer, described))
             self._left_out = {name for rank, name in skip if rank == trainer.global_rank}
@@ -662,6 +662,15 @@ def _total(start: dict, end: dict, names: list[str]) -> float:
 
 def _missing_names(start: dict, end: dict) -> set[str]:
     return {n for n, e in end.items() if e is None or start.get(n) is None}
+
+
+def _description(sensor) -> dict:
+    """``sensor.describe()``, or its name alone if that raises (a user's sensor): every rank must reach the
+    collective that follows."""
+    try:
+        return dict(sensor.describe())
+    except Exception:
+        return {"name": sensor.name}
 
 
 def _only(per_sensor: dict | None, names) -> dict | None:
