@@ -98,10 +98,12 @@ middle where a rule needs one point; each of its marks then gets the power of th
   fake H200 (``benchmarks/shaping_phases.py``: 19 refresh phases, reads every 50 ms + 0-2 ms, instant or
   2.4 ms counter reads, 50/150 W steps; median step error over the phases): steps of 70-130 ms 0.4-0.65 %
   with one mark per boundary and 0.8-1.15 % with Lightning's two (0.5-3 ms apart; the power changing at
-  the first: half the gap goes to the wrong side), single steps off by 10-22 % at most per run
-  (median over runs); exact 100 ms steps 0.2-0.45 %, but 15-51 % at the worst locked phase, where the
+  the first: half the gap goes to the wrong side), single steps off by 12-17 % at most per run
+  (median over runs); exact 100 ms steps 0.2-0.5 %, but 15-44 % at the worst locked phase, where the
   figures move with every draw of the read times. ``benchmarks/fidelity.py`` (one mark per boundary, 100 ms
-  square wave): 0.28 % median, 1.4 % p95.
+  square wave): 0.28 % median, 1.4 % p95. Through real fits on hardware that differs from this model
+  (``benchmarks/end_to_end_truth.py``; the README's accuracy table): 100 ms +-30 % steps 0.5-4 % median
+  over 8 drawn phases, lags and window lengths, once the refresh phase is pinned.
 
 The energy at ``t`` is known (:meth:`SensorSeries.covers`) only once the points around ``t`` are final: a
 point at or after ``t`` exists and, for a counter, ``t`` is not in a period still waiting for the update
