@@ -165,7 +165,6 @@ def test_every_suite_callback_attached_leaves_the_energy_callbacks_figures_its_o
 
 def test_two_ranks_reading_one_card_count_it_once_in_the_report():
     """MPS or a mis-set CUDA_VISIBLE_DEVICES: two ranks' NVML sensors read one card (one UUID)."""
-    from lightning_energy.callbacks.energy import _count_each_card_once
     from lightning_energy.outputs.report import build_report
 
     def summary(rank: int, uuid: str) -> dict:
@@ -176,10 +175,10 @@ def test_two_ranks_reading_one_card_count_it_once_in_the_report():
         return {"rank": rank, "duration_s": 1.0, "train_J": 150.0, "validation_J": 0.0,
                 "sensors": [sensor, host] if rank == 0 else [sensor]}
 
-    shared = build_report(_count_each_card_once([summary(0, "GPU-aaaa"), summary(1, "GPU-AAAA")]), [], {})
+    shared = build_report([summary(0, "GPU-aaaa"), summary(1, "GPU-AAAA")], [], {})
     assert shared["total_J"] == pytest.approx(110.0)
     assert [s.get("counted", True) for s in shared["sensors"]] == [True, True, False]
-    separate = build_report(_count_each_card_once([summary(0, "GPU-aaaa"), summary(1, "GPU-bbbb")]), [], {})
+    separate = build_report([summary(0, "GPU-aaaa"), summary(1, "GPU-bbbb")], [], {})
     assert separate["total_J"] == pytest.approx(210.0)
     assert shared["train_J"] == separate["train_J"] == 150.0  # all-rank already: not once per rank
 

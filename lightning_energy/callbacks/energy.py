@@ -23,7 +23,6 @@ from lightning_energy.measure.meter import Mark
 from lightning_energy.outputs.report import REPORT_FILE, build_report, format_report
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.measure.sensors.detect import duplicate_device_sensors
 from lightning_energy.outputs.tensorboard import EpochPowerRecorder, TensorBoardExtras
 from lightning_energy.outputs.trace import TraceWriter
 from lightning_energy.units import J_PER_KJ
@@ -35,18 +34,6 @@ LOOP_METRICS = {  # loop kind -> (energy, time, power) metric names
     "test": ("energy/test_epoch_J", "time/test_epoch_s", "power/test_epoch_W"),
     "predict": ("energy/predict_J", "time/predict_s", "power/predict_W"),
 }
-
-
-def _count_each_card_once(summaries: list[dict]) -> list[dict]:
-    """Every rank's summary (in rank order), a sensor reading a card that a lower rank's sensor reads too (two
-    ranks on one GPU) marked ``counted: False`` with a note: the report counts each card once."""
-    skip = duplicate_device_sensors([summary["sensors"] for summary in summaries])
-    for rank, summary in enumerate(summaries):
-        for sensor in summary["sensors"]:
-            if (rank, sensor["name"]) in skip:
-                sensor["counted"] = False
-                sensor["note"] = "the same card as a lower rank's sensor (by UUID): counted there, not here"
-    return summaries
 
 
 def _no_trainer() -> None:
@@ -438,7 +425,7 @@ class EnergyCallback(MeteredCallback):
         self.fit_start_s, self.fit_end_s = timeline.fit_start.t, end.t
         self._final_state = self._cumulative_state(trainer, end)  # for a checkpoint saved after the fit
         self._final_trainer = weakref.ref(trainer)
-        summaries = _count_each_card_once(distributed.gather(trainer, self._rank_summary(trainer, timeline.fit_start, end)))
+        summaries = distributed.gather(trainer, self._rank_summary(trainer, timeline.fit_start, end))
         sections = {}  # other callbacks' tables (e.g. PrecisionSwitch's per-mode table); collective
         for callback in trainer.callbacks:
             section = getattr(callback, "energy_report_section", None)

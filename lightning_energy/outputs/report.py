@@ -21,12 +21,26 @@ def version() -> str:
         return "unknown"
 
 
+def _count_each_card_once(rank_summaries: list[dict]) -> None:
+    """Mark ``counted: False`` (with a note) each sensor of a rank's summary (in rank order) that reads a card a
+    lower rank's sensor reads too (two ranks on one GPU, by its UUID): the report counts each card once."""
+    from lightning_energy.measure.sensors.detect import duplicate_device_sensors
+
+    skip = duplicate_device_sensors([summary["sensors"] for summary in rank_summaries])
+    for rank, summary in enumerate(rank_summaries):
+        for sensor in summary["sensors"]:
+            if (rank, sensor["name"]) in skip:
+                sensor["counted"] = False
+                sensor["note"] = "the same card as a lower rank's sensor (by UUID): counted there, not here"
+
+
 def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) -> dict:
     """One report from every rank's summary (see ``EnergyCallback._rank_summary``).
 
-    A sensor marked ``counted: False`` (a card a lower rank reads too) is listed but not summed. A summary's
+    A sensor reading a card a lower rank reads too is listed (``counted: False``) but not summed. A summary's
     ``train_J`` and ``validation_J`` are all-rank figures (the same on every rank): taken from the first.
     """
+    _count_each_card_once(rank_summaries)
     sensors = [s for summary in rank_summaries for s in summary["sensors"]]
     counted = [s for s in sensors if s.get("counted", True)]
     total_J = sum(s["energy_J"] for s in counted) + extra.get("resumed_total_J", 0.0)
