@@ -183,27 +183,66 @@ def test_two_ranks_reading_one_card_count_it_once_in_the_report():
     assert shared["train_J"] == separate["train_J"] == 150.0  # all-rank already: not once per rank
 
 
-def test_a_model_on_devices_besides_the_root_is_warned_about_once_and_noted(recwarn):
-    """Several GPUs in one process: the session says so at train start (once, whoever reports first)."""
+def stub_trainer(parameter_devices: list[str]):
+    """Enough of a Trainer for a session on a CUDA root: a module whose parameters sit on these devices."""
     import types
-
-    from lightning_energy.integration.session import Attachment, TrainerSession
-    from lightning_energy.measure.sampler import Sampler
 
     def on(device: str):
         return types.SimpleNamespace(device=torch.device(device))
 
-    module = types.SimpleNamespace(parameters=lambda: iter([on("cuda:0"), on("cuda:1")]), buffers=lambda: iter([]))
-    trainer = types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
-                                    lightning_module=module, world_size=1,
-                                    fit_loop=types.SimpleNamespace(restarted_mid_epoch=False))
+    module = types.SimpleNamespace(parameters=lambda: iter([on(d) for d in parameter_devices]), buffers=lambda: iter([]))
+    return types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
+                                 lightning_module=module, world_size=1,
+                                 fit_loop=types.SimpleNamespace(restarted_mid_epoch=False))
+
+
+def test_a_model_on_devices_besides_the_root_has_them_measured_from_train_start(monkeypatch, recwarn):
+    """Several GPUs in one process (a pipeline over cuda:0 and cuda:1): at train start (once, whoever reports
+    first) cuda:1's card joins the auto-detected sensors, the fit's start counts as its first reading, and
+    one warning and a note in every callback's report say so; a callback given its own sensors is only told."""
+    import sys
+
+    from fakes_nvml import FakeClock, FakeNvml, h100s
+    from power_limit_helpers import FakeHostClock, ThreadlessSampler
+    from lightning_energy.integration.session import Attachment, TrainerSession
+
+    clock = FakeClock()
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(h100s(2), clock))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    trainer = stub_trainer(["cuda:0", "cuda:1"])
+    sampler = ThreadlessSampler(clock=clock)
+    session = TrainerSession(trainer, sampler, FakeHostClock(clock))
+    auto, given = object(), object()
+    session.add(auto_attachment := Attachment(session, auto, [], auto=True), 0.05)
+    session.add(given_attachment := Attachment(session, given, [SimulatedSensor("mine", 10.0, clock=clock)]), 0.05)
+    session.timeline.fit_started(trainer)
+    clock.advance(0.1)
+    sampler.sample_once()
+    assert session.timeline.fit_start.resolved
+    for _ in range(3):  # three callbacks report the boundary
+        session.timeline.train_started(trainer)
+    assert [s.name for s in auto_attachment.sensors] == ["gpu1"] and "gpu1" in session.meter.sensor_names
+    assert given_attachment.sensor_names == ["mine"]
+    assert "gpu1" in session.timeline.fit_start.energy  # counted from its first reading
+    warned = [str(w.message) for w in recwarn if "cuda:1" in str(w.message)]
+    assert len(warned) == 1 and "measured from train start" in warned[0]
+    assert auto_attachment.notes == given_attachment.notes == [warned[0].removeprefix("lightning-energy: ")]
+    session.remove(given)
+    assert session.remove(auto)  # the last one closes the session, and the added sensor with it
+    assert "gpu1" not in sampler.series
+
+
+def test_a_model_on_devices_besides_the_root_is_only_told_to_callbacks_given_their_sensors(recwarn):
+    from lightning_energy.integration.session import Attachment, TrainerSession
+    from lightning_energy.measure.sampler import Sampler
+
+    trainer = stub_trainer(["cuda:0", "cuda:1"])
     session = TrainerSession(trainer, Sampler(), None)
     owner = object()
     attachment = session.attachments[id(owner)] = Attachment(session, owner, [])
-    for _ in range(3):  # three callbacks report the boundary
-        session.timeline.train_started(trainer)
+    session.timeline.train_started(trainer)
     warned = [str(w.message) for w in recwarn if "cuda:1" in str(w.message)]
-    assert len(warned) == 1 and "cuda:0" in warned[0]
+    assert len(warned) == 1 and "Give their sensors explicitly" in warned[0]
     assert len(attachment.notes) == 1 and "cuda:1" in attachment.notes[0]
 
 

@@ -254,6 +254,12 @@ class EnergyCallback(MeteredCallback):
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._event("train_start")
+        # the session may have added the GPUs of a model spread over several devices (auto-detected sensors):
+        # this rank's and every rank's names again (collective: every rank starts training)
+        self._names = self.attachment.sensor_names
+        self._all_names = sorted({n for rank in distributed.gather(trainer, self._names) for n in rank})
+        if self._tb is not None:
+            self._tb.sensor_provenance = {s.name: s.provenance for s in self._sensors}
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

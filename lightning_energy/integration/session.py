@@ -19,7 +19,7 @@ from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, Sampler, get_sa
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.clocks import device_clock
 from lightning_energy.measure.sensors.detect import (
-    default_sensors, other_cuda_devices, other_devices_note, zeus_sensors,
+    default_sensors, other_cuda_devices, other_device_sensors, other_devices_note, zeus_sensors,
 )
 
 
@@ -47,6 +47,7 @@ class Attachment:
     sensors: list[Sensor]
     notes: list[str] = field(default_factory=list)  # one-time warnings about what could not be measured
     zeus: object = None  # the ZeusBackend when backend="zeus"
+    auto: bool = False  # its sensors were auto-detected (backend "auto"): the session may add to them
 
     @property
     def sensor_names(self) -> list[str]:
@@ -77,13 +78,17 @@ class TrainerSession:
         self.attachments: dict[int, Attachment] = {}
         self.auto_sensors: list[Sensor] | None = None  # auto-detected once, shared by every "auto" callback
         self.timeline = Timeline(trainer, self.meter, sampler, on_train_start=self._note_other_devices)
+        self._device_owner = object()  # holds the sensors of devices besides the root, added at train start
         self.samples_at_open = sampler.samples_taken
 
     def _note_other_devices(self, trainer) -> None:
         """Once per fit, when the model sits on its devices (train start, after the strategy and the module's
-        own ``on_fit_start`` placed it): warn (rank zero) and note in every attachment when the model has
-        parameters on CUDA devices besides the root device, which no sensor of the session reads and no mark
-        waits on."""
+        own ``on_fit_start`` placed it): when the model has parameters on CUDA devices besides the root device
+        (pipeline stages, layers placed by hand), their GPUs join the sensors of every callback whose sensors
+        were auto-detected, measured from train start (their energy before it is not known: the fit's start
+        counts as their first reading); one warning (rank zero) and a note in every callback's report say so,
+        and that marks are timed on the root device's stream only. Callbacks given their own sensors are only
+        told."""
         root = trainer.strategy.root_device
         module = trainer.lightning_module
         if root.type != "cuda" or module is None:
@@ -91,12 +96,39 @@ class TrainerSession:
         devices = other_cuda_devices(module, root)
         if not devices:
             return
-        note = (other_devices_note(root, devices, []) + " Give their sensors explicitly to measure them, e.g. "
-                "`EnergyCallback(sensors=[NvmlGpuSensor(nvml_index), ...])`.")
-        rank_zero_warn(f"lightning-energy: {note}")
-        for attachment in self.attachments.values():
-            if note not in attachment.notes:
-                attachment.notes.append(note)
+        auto = [a for a in self.attachments.values() if a.auto]
+        sensors, notes = other_device_sensors(module, root) if auto else ([], [])
+        sensors = self._measure_from_now(sensors, auto)
+        if sensors:
+            notes[0] = (other_devices_note(root, devices, sensors) + " They are measured from train start, "
+                        "for the callbacks whose sensors are auto-detected.")
+        else:
+            notes = [other_devices_note(root, devices, []) + " Give their sensors explicitly to measure them, "
+                     "e.g. `EnergyCallback(sensors=[NvmlGpuSensor(nvml_index), ...])`.", *notes[1:]]
+        for note in notes:
+            rank_zero_warn(f"lightning-energy: {note}")
+            for attachment in self.attachments.values():
+                if note not in attachment.notes:
+                    attachment.notes.append(note)
+
+    def _measure_from_now(self, sensors: list[Sensor], attachments: list[Attachment]) -> list[Sensor]:
+        """Acquire ``sensors`` for the session (held until it closes) and add them to ``attachments`` and the
+        meter; marks already resolved (the fit's start) get each one's first reading. The sensors opened."""
+        if not sensors:
+            return []
+        names = self.sampler.acquire(self._device_owner, sensors, self.sampler.interval_s)  # waits for a first point
+        opened = [s for s in sensors if s.name in names]
+        with self.sampler._lock:  # the sampling thread resolves marks under it
+            for sensor in opened:
+                if sensor.name not in self.meter.sensor_names:
+                    self.meter.sensor_names.append(sensor.name)
+                first = self.sampler.series[sensor.name].energies[:1]
+                start = self.timeline.fit_start
+                if first and start is not None and start.resolved:
+                    start.energy.setdefault(sensor.name, first[0])
+        for attachment in attachments:
+            attachment.sensors.extend(s for s in opened if s not in attachment.sensors)
+        return opened
 
     def add(self, attachment: Attachment, interval_s: float) -> None:
         names = self.sampler.acquire(attachment, attachment.sensors, interval_s)
@@ -117,6 +149,7 @@ class TrainerSession:
             self.sampler.release(attachment)
         if self.attachments:
             return False
+        self.sampler.release(self._device_owner)
         self.timeline.close()
         self.sampler.remove_meter(self.meter)
         return True
@@ -151,7 +184,7 @@ def attach(trainer, owner: object, sensors: list[Sensor] | None = None, backend:
             session.auto_sensors = chosen
     else:
         chosen, notes, zeus = rank_sensors(trainer, sensors, backend)
-    attachment = Attachment(session, owner, list(chosen), list(notes), zeus)
+    attachment = Attachment(session, owner, list(chosen), list(notes), zeus, auto=sensors is None and backend == "auto")
     session.add(attachment, interval_s)
     return attachment
 
