@@ -68,9 +68,9 @@ for _path in (ROOT, ROOT / "benchmarks", ROOT / "tests"):
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch import Callback  # noqa: E402
-from lightning.pytorch.loggers import Logger  # noqa: E402
 from torch import nn  # noqa: E402
 
+from conftest import RecordingLogger  # noqa: E402 - the tests' logger that records every (step, metrics)
 from machine import machine_info, write_json_atomic  # noqa: E402
 from truth_hardware import (HostMarks, LaggingDeviceMarks, PowerPattern, PowerTruth, TruthClock,  # noqa: E402
                             TruthCounterSensor, TruthNvml, TruthPowerSensor, alternating, constant, ramping,
@@ -291,39 +291,14 @@ def fake_h200(name, pattern, clock, rng, phase_s, lag_s, window_s, read_s=COUNTE
 
 
 # ------------------------------------------------------------------------------------------- the fit
-class MemoryLogger(Logger):
-    """Every (name, value, step) logged, in order."""
-
-    def __init__(self, root_dir: str) -> None:
-        super().__init__()
-        self.records: list[tuple[str, float, int | None]] = []
-        self._root_dir = root_dir
-
-    @property
-    def name(self):
-        return "memory"
-
-    @property
-    def version(self):
-        return 0
-
-    @property
-    def root_dir(self):
-        return self._root_dir
-
-    @property
-    def log_dir(self):
-        return self._root_dir
-
-    def log_metrics(self, metrics, step=None):
-        for key, value in metrics.items():
-            self.records.append((key, float(value), step))
-
-    def log_hyperparams(self, params, *args, **kwargs):
-        pass
+class MemoryLogger(RecordingLogger):
+    """The tests' recording logger (every (step, metrics) logged, in order), read as (step, value) series."""
 
     def series(self, key: str) -> list[tuple[int | None, float]]:
-        return [(step, value) for name, value, step in self.records if name == key]
+        return [(step, float(m[key])) for step, m in self.metrics if key in m]
+
+    def names(self) -> set[str]:
+        return {key for _, m in self.metrics for key in m}
 
 
 class FitHarness:
@@ -703,7 +678,7 @@ def run_case(case: Case, workdir: Path) -> RunResult:
     root = workdir / f"case{case.seed}"
     root.mkdir(parents=True, exist_ok=True)
     callbacks, measured = (case.callbacks or energy_only)(hw, root)
-    logger = MemoryLogger(str(root))
+    logger = MemoryLogger(root)
     trainer = L.Trainer(callbacks=[HookObserver(harness), *callbacks], logger=logger, default_root_dir=str(root),
                         max_epochs=case.epochs, log_every_n_steps=1, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, accelerator="cpu", devices=1,
@@ -822,7 +797,7 @@ def compare_energy_callback(run: RunResult, case: Case) -> tuple[list[dict], dic
     fit_logged = Comparison("fit (last logged energy/total_J)")
     fit_logged.add(totals[-1] if totals else None, truth_fit, fit_bound)
     rows += [fit.summary(), fit_logged.summary()]
-    foreign |= {key.split("/")[2] for key, _, _ in logger.records if key.startswith("energy/sensor/")} - set(names)
+    foreign |= {key.split("/")[2] for key in logger.names() if key.startswith("energy/sensor/")} - set(names)
     checks["foreign_sensors_in_figures"] = sorted(foreign)
     checks["report_file_equals_report"] = run.report_file is not None and run.report_file.get("total_J") == report.get("total_J")
     checks["logged_total_decreases"] = sum(1 for a, b in zip(totals, totals[1:]) if b < a - 1e-9)
