@@ -638,3 +638,37 @@ def test_release_never_closes_a_sensor_under_a_read_in_flight(manual_sampler, cl
     release.join(EVENT_BOUND_S)
     tick.join(EVENT_BOUND_S)
     assert sensor.closed_during_read is False  # closed after the read returned
+
+
+# ----------------------------------------------------------------------------- issue 29, item 2
+class NeverOpens(Sensor):
+    """A sensor whose ``open()`` never returns (a driver call that hangs) until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("bmc", "host")
+        self.release = threading.Event()
+        self.closed = False
+
+    def open(self) -> None:
+        self.release.wait(EVENT_BOUND_S)
+
+    def power_w(self) -> float:
+        return 100.0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_sensor_whose_open_never_returns_is_left_out_and_the_others_measured(monkeypatch, manual_sampler, clock):
+    monkeypatch.setattr(sampling, "OPEN_TIMEOUT_S", 0.05)  # the bound (15 s) shortened: the open never returns
+    hung = NeverOpens()
+    try:
+        names = manual_sampler.acquire("fit", [hung, SimulatedSensor("gpu", 100.0, clock=clock)], interval_s=0.01,
+                                       start_thread=False)
+        assert names == ["gpu"] and "bmc" not in manual_sampler.series
+        (line,) = manual_sampler.open_failures
+        assert "'bmc'" in line and "did not return" in line
+        manual_sampler.release("fit")
+        assert not hung.closed  # abandoned, never closed under its hung open
+    finally:
+        hung.release.set()

@@ -60,6 +60,9 @@ KEEP_POINTS = 4096  # per sensor, beyond what pending marks and retained windows
 RESOLUTION_INTERVALS = 3
 MAX_RESOLUTION_WAIT_S = 1.0
 SETUP_WAIT_S = 1.0  # bound of the once-per-fit wait for every new sensor's first sample (s)
+# A sensor's open() longer than this (s) is declared hung and the sensor left out: far beyond any healthy open
+# (nvmlInit on an 8-GPU node: ~1-2 s; a BMC session: a few s), short enough not to stall a fit's set-up for long.
+OPEN_TIMEOUT_S = 15.0
 READ_TIMEOUT_S = 2.0  # a single sensor read longer than this is declared hung
 WATCHDOG_POLLS_PER_TIMEOUT = 4  # the watchdog looks every READ_TIMEOUT_S / 4
 # A forced resolution declares hung a read in flight for longer than the resolution bound, and at least this
@@ -226,27 +229,27 @@ class Sampler:
                 start_thread: bool = True) -> list[str]:
         """Register ``owner``'s sensors (opened here) and start the thread; returns the names in use.
 
-        A sensor whose ``open()`` raises is dropped with one line in :attr:`open_failures` (and left out
-        of the names returned); training goes on without it. Without the thread (``start_thread=False``,
-        tests driving :meth:`sample_once` by hand) the sensors are read once here.
+        A sensor whose ``open()`` raises, or does not return within :data:`OPEN_TIMEOUT_S` (a driver call that
+        hangs), is dropped with one line in :attr:`open_failures` (and left out of the names returned); training
+        goes on without it (a hung one is abandoned: never read, never closed). Sensors are opened outside the
+        data lock, so sampling goes on meanwhile. Without the thread (``start_thread=False``, tests driving
+        :meth:`sample_once` by hand) the sensors are read once here.
         """
         if not interval_s >= MIN_INTERVAL_S:
             raise ValueError(f"interval_s must be >= {MIN_INTERVAL_S} s, got {interval_s}")
         with self._lock:
             for sensor in sensors:
                 self._check_name_is_free(sensor)
+            to_open = [s for s in sensors if s.name not in self.series]
+        failed = {sensor.name for sensor in to_open if not self._open_bounded(sensor)}
+        with self._lock:
             self._owners[owner] = interval_s
             self.interval_s = min(self._owners.values())
             names = []
             for sensor in sensors:
+                if sensor.name in failed:
+                    continue
                 if sensor.name not in self.series:
-                    try:
-                        sensor.open()
-                    except Exception as err:  # an unusable sensor is dropped, never fatal
-                        self.open_failures.append(
-                            f"sensor {sensor.name!r} ({sensor.source}) could not be opened and is not measured: "
-                            f"{type(err).__name__}: {err}")
-                        continue
                     self.series[sensor.name] = SensorSeries(sensor)
                     self._budgets[sensor.name] = _ErrorBudget()
                 self._users.setdefault(sensor.name, set()).add(owner)
@@ -261,6 +264,32 @@ class Sampler:
         self._wake.set()
         self._await_first_points(names)
         return names
+
+    def _open_bounded(self, sensor: Sensor) -> bool:
+        """Open ``sensor`` on a thread of its own, waiting at most :data:`OPEN_TIMEOUT_S`; False (and one line in
+        :attr:`open_failures`) if it raised or did not return."""
+        outcome: list[BaseException | None] = []
+
+        def open_it() -> None:
+            try:
+                sensor.open()
+                outcome.append(None)
+            except Exception as err:  # an unusable sensor is dropped, never fatal
+                outcome.append(err)
+
+        opener = threading.Thread(target=open_it, name=f"lightning-energy-open-{sensor.name}", daemon=True)
+        opener.start()
+        opener.join(OPEN_TIMEOUT_S)
+        if not outcome:
+            problem = f"open() did not return within {OPEN_TIMEOUT_S:g} s (hung; abandoned, never closed)"
+        elif outcome[0] is not None:
+            problem = f"{type(outcome[0]).__name__}: {outcome[0]}"
+        else:
+            return True
+        with self._lock:
+            self.open_failures.append(
+                f"sensor {sensor.name!r} ({sensor.source}) could not be opened and is not measured: {problem}")
+        return False
 
     def _await_first_points(self, names: list[str]) -> None:
         """Wait (at set-up, bounded) until the thread has read each new sensor once, so that the first
