@@ -128,7 +128,11 @@ class PowerLimitOptimizer(MeteredCallback):
     administrator's setting included, not NVML's default) at fit end, on an exception, on Ctrl-C, on
     SIGHUP and at interpreter exit. Before the first change a crash marker is written
     (``lightning_energy.optimize.power_limit.gpu_control``); after SIGKILL or a power loss ``lightning-energy
-    restore-power-limit`` puts the card back. A chosen limit is always one that was profiled.
+    restore-power-limit`` puts the card back, and so does the next fit on that card, before it records
+    what was there (a warning line says so). Where another live process (or another controller in this
+    one) already controls the card, ``setup`` fails before training with one line naming it
+    (``gpu_control.CardInUseError``) and the card is left alone: profiling beside another controller would
+    measure its limits, not ours. A chosen limit is always one that was profiled.
 
     Logged metrics (rank zero, beside the loss):
 
@@ -316,8 +320,10 @@ class PowerLimitOptimizer(MeteredCallback):
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def _take_card(self, gpu) -> None:
-        """Record the limit and persistence mode in force (and write the crash marker) before any change;
-        persistence mode on, as Zeus does before changing limits. Restored by :meth:`_restore`."""
+        """Record what was there (the settings in force, or those a killed run's crash marker recorded, put
+        back first) and write the crash marker before any change; persistence mode on, as Zeus does before
+        changing limits. Restored by :meth:`_restore`. ``gpu_control.CardInUseError`` (the card untouched)
+        where another live controller has the card."""
         with contextlib.redirect_stdout(io.StringIO()):
             from zeus.device.gpu import ZeusGPUNoPermissionError
         controller = gpu_control.LimitController(gpu, f"PowerLimitOptimizer (pid {os.getpid()})")
@@ -327,6 +333,8 @@ class PowerLimitOptimizer(MeteredCallback):
             controller.restore()
             raise RuntimeError(f"PowerLimitOptimizer cannot set GPU power limits ({err}). " + PERMISSION_FIXES) from err
         self._controller = controller
+        # what is in force from here: a killed run's marker may just have put the card back
+        self._start_W = controller.before.limit_mW // MW_PER_W
         atexit.register(self._restore)
         self._hangup.install()
 

@@ -3,9 +3,11 @@
 ``PowerLimitOptimizer`` and real-GPU sweeps write a marker per card before changing its power limit
 (the limit and persistence mode in force, the NVML index and UUID, the pid) and remove it after
 restoring. A marker left behind means the card may still run at a profiled limit: this command sets
-the recorded limit and persistence mode back and removes the marker. Markers of processes that still
-run are left alone unless ``--force``. ``--list`` only shows them. Needs the same rights as setting a
-limit (SYS_ADMIN or the Zeus daemon).
+the recorded limit and persistence mode back and removes the marker (the next run on that card does the
+same before it starts). Markers of processes that still run are left alone unless ``--force``; a
+marker replaced since it was read (a new run took the card meanwhile) is left to that run. ``--list``
+only shows them. Needs the same rights as setting a limit (SYS_ADMIN or the Zeus daemon). Every
+marker written so far (format ``lightning-energy power-limit marker 1``) is read.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def run(args) -> int:
         failures = gpu_control.restore_from_marker(marker)
         if failures:
             problems.extend(failures)
+        elif marker.path.exists():  # restore_from_marker removes the marker it acts on: this one is a new run's
+            print(f"left {marker.path.name} alone: a new run has taken GPU {marker.nvml_index} since and puts "
+                  f"back what was there itself")
         else:
             restored += 1
             print(f"restored {what}")

@@ -13,6 +13,14 @@ restore what was there, and a crash marker for what no process can catch.
   marker stays, and ``lightning-energy restore-power-limit`` puts the card back (power loss resets
   limits on the next driver load, but not persistence mode set by a service; the command then finds
   the card already at its limit and only removes the marker).
+- One controller per card: :meth:`LimitController.take` looks for the card's marker first. A marker
+  whose process is gone is honoured: the card is put back to the settings it records, which become
+  this controller's "what was there" (one logged warning line), so a killed run's profiled limit never
+  becomes the setting to restore. A marker whose process still runs (another process, or another
+  controller in this one, controls the card) makes ``take`` refuse with :class:`CardInUseError`, the
+  card untouched. The check and the write happen under an exclusive lock on a ``.lock`` file beside
+  the marker, so two processes starting at once cannot both take the card or overwrite each other's
+  marker; the marker itself is written to a temporary file and renamed.
 
 Every hint names the card as ``nvidia-smi -i <NVML index>`` (the index ``nvidia-smi`` shows).
 Units: NVML's milliwatts in the marker and at the GPU object, watts in messages.
@@ -23,12 +31,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,8 +57,16 @@ PERMISSION_FIXES = (
 )
 
 
+log = logging.getLogger(__name__)
+
+
 class GpuControlError(RuntimeError):
     """A card that cannot be found, opened or controlled; the message says which and how to fix it."""
+
+
+class CardInUseError(GpuControlError):
+    """The card's crash marker belongs to a process that still runs (or cannot be judged): another
+    controller has the card, and taking it too would make the two overwrite each other's limits."""
 
 
 # ------------------------------------------------------------------------------------------- which card
@@ -164,9 +182,35 @@ def state_dir() -> Path:
 
 
 def marker_path(directory: Path, index, uuid: str | None) -> Path:
+    """The card's marker file: named by its UUID (by its NVML index where NVML gives no UUID)."""
     name = uuid if uuid else f"index{index}"
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in str(name))
     return directory / f"power-limit-{safe}.json"
+
+
+@contextlib.contextmanager
+def marker_lock(path: Path):
+    """Hold an exclusive lock on ``<marker>.lock`` (blocking): the look-at-the-marker-then-write (or
+    remove) steps of :meth:`LimitController.take` and :func:`restore_from_marker` happen under it, so two
+    processes never both act on what they read. The lock file stays (removing it would race a waiter);
+    without ``fcntl`` (not POSIX) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - power-limit control runs on Linux
+        yield
+        return
+    with open(path.with_suffix(".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# marker path -> the live controller of this process holding it. A marker with this process's pid whose
+# controller is gone (its restore failed, then it was dropped) is an orphan, honoured like a dead run's.
+_HELD_MARKERS: "weakref.WeakValueDictionary[Path, LimitController]" = weakref.WeakValueDictionary()
+_HELD_LOCK = threading.RLock()  # re-entrant: restore() may run in a signal handler on this thread
 
 
 @dataclass(frozen=True)
@@ -185,8 +229,17 @@ class Marker:
     created: float
 
     @property
+    def settings(self) -> "Settings":
+        """The settings it says to put back."""
+        return Settings(self.limit_mW, self.persistence_mode)
+
+    def same_as(self, other: "Marker") -> bool:
+        """Whether ``other`` is this marker read again (same writer, same time), not a newer one."""
+        return (self.pid, self.host, self.created, self.owner) == (other.pid, other.host, other.created, other.owner)
+
+    @property
     def process_alive(self) -> bool:
-        """Whether the process that wrote it still runs (on this host)."""
+        """Whether the process that wrote it still runs (on this host; False for another host's marker)."""
         if self.host != socket.gethostname():
             return False
         try:
@@ -243,10 +296,20 @@ class Settings:
 class LimitController:
     """One card under our control: what was there, the limits we set, putting it back.
 
-    :meth:`take` records the limit and persistence mode in force, writes the crash marker (real cards)
-    and turns persistence mode on (as Zeus does before changing limits: without it the driver may unload
-    between processes and drop the limit); :meth:`set_limit` sets a limit; :meth:`restore` puts the
-    recorded limit and persistence mode back and removes the marker, and is safe to call twice.
+    :meth:`take` looks for the card's crash marker (real cards), records the settings to put back,
+    writes its own marker and turns persistence mode on (as Zeus does before changing limits: without
+    it the driver may unload between processes and drop the limit); :meth:`set_limit` sets a limit;
+    :meth:`restore` puts the recorded limit and persistence mode back and removes the marker, and is
+    safe to call twice.
+
+    What :meth:`take` records as "what was there":
+
+    - no marker: the limit and persistence mode in force;
+    - a marker whose process is gone (SIGKILL, OOM kill, power loss): the settings the marker records,
+      which the card is put back to at once (a warning line says so); the card's present limit is the
+      dead run's, not an administrator's;
+    - a marker whose process still runs, or one that cannot be read: :class:`CardInUseError`, the card
+      untouched (a second controller would overwrite the first one's limits and marker).
 
     Args:
         gpu: a Zeus ``GPU`` object (``NVIDIAGPU``, ``ZeusdNVIDIAGPU``, ``SimulatedGPU``).
@@ -261,6 +324,7 @@ class LimitController:
         self.marker_dir = Path(marker_dir) if marker_dir is not None else None
         self.before: Settings | None = None
         self.marker: Path | None = None
+        self._written: Marker | None = None  # the marker as written, to remove only our own
         self._lock = threading.Lock()
 
     @property
@@ -268,94 +332,190 @@ class LimitController:
         return nvml_index(self.gpu)
 
     def take(self) -> Settings:
-        """Record what is in force, write the marker, turn persistence mode on. Raises the card's
-        permission error (``ZeusGPUNoPermissionError``) untouched where persistence mode cannot be set."""
+        """Record what was there (see the class docstring), write the marker, turn persistence mode on.
+
+        Raises :class:`CardInUseError` (nothing changed) where another live controller has the card,
+        :class:`GpuControlError` where the marker cannot be written, and the card's permission error
+        (``ZeusGPUNoPermissionError``) untouched where a setting cannot be changed."""
         if self.before is not None:
             return self.before
-        limit_mW = int(self.gpu.get_power_management_limit())
+        if is_simulated(self.gpu):
+            before = self._settings_in_force()
+            persistence_now = before.persistence_mode
+        else:
+            before, persistence_now = self._take_marked_card()
+        self.before = before
+        if persistence_now is False:
+            self.gpu.set_persistence_mode(True)
+        return before
+
+    def _settings_in_force(self) -> Settings:
         try:
             persistence = bool(self.gpu.get_persistence_mode())
         except Exception:  # not every GPU object can tell; then it is left alone
             persistence = None
-        self.before = Settings(limit_mW, persistence)
-        if not is_simulated(self.gpu):
-            self._write_marker()
-        if persistence is False:
-            self.gpu.set_persistence_mode(True)
-        return self.before
+        return Settings(int(self.gpu.get_power_management_limit()), persistence)
 
-    def _write_marker(self) -> None:
+    def _take_marked_card(self) -> tuple[Settings, bool | None]:
+        """Under the marker's lock: honour or refuse an existing marker, then write ours. Returns the
+        settings to put back and the persistence mode in force now."""
         directory = self.marker_dir if self.marker_dir is not None else state_dir()
         uuid = gpu_uuid(self.gpu)
         path = marker_path(directory, self.index, uuid)
+        with contextlib.ExitStack() as locked:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                locked.enter_context(marker_lock(path))
+            except OSError as err:
+                raise GpuControlError(f"{self.owner}: cannot lock the crash marker {path} ({err}); set "
+                                      f"{STATE_DIR_ENV} to a writable directory") from err
+            in_force = self._settings_in_force()
+            left = self._marker_left_behind(path, uuid)
+            before = in_force if left is None else left.settings
+            if left is not None and in_force.limit_mW != left.limit_mW:
+                self.gpu.set_power_management_limit(left.limit_mW)  # the administrator's limit back first
+            if left is not None:
+                log.warning(self._adopted_message(left, in_force))
+            self._write_marker(path, uuid, before)
+        return before, in_force.persistence_mode
+
+    def _marker_left_behind(self, path: Path, uuid: str | None) -> Marker | None:
+        """The card's marker of a run that is gone (None without one); raises :class:`CardInUseError`
+        where its process still runs, it is another host's, or it cannot be read."""
+        if not path.exists():
+            return None
+        try:
+            marker = read_marker(path)
+        except ValueError as err:
+            raise CardInUseError(f"{self.owner}: GPU {self.index} has a crash marker that cannot be read ({err}); "
+                                 f"nothing was changed. Check the card ({smi_hint(self.index)}), set what it "
+                                 f"should run at, then delete {path}") from None
+        holder = f"{marker.owner} (pid {marker.pid} on {marker.host}, marker {path})"
+        if marker.host != socket.gethostname() and not (uuid and marker.uuid == uuid):
+            raise CardInUseError(f"{self.owner}: GPU {self.index} has a crash marker of another host: {holder}; "
+                                 f"nothing was changed. Run `lightning-energy restore-power-limit` on {marker.host}")
+        with _HELD_LOCK:
+            held_here = path in _HELD_MARKERS
+        orphan_of_this_process = marker.pid == os.getpid() and marker.host == socket.gethostname() and not held_here
+        if held_here or (marker.process_alive and not orphan_of_this_process):
+            raise CardInUseError(
+                f"{self.owner}: GPU {self.index} is already under power-limit control by {holder}; nothing was "
+                f"changed (two controllers would overwrite each other's limits). Wait for that run to end; if it "
+                f"is not one of ours (a reused pid), `lightning-energy restore-power-limit --force` puts the "
+                f"card back and removes the marker")
+        return marker
+
+    def _adopted_message(self, left: Marker, in_force: Settings) -> str:
+        persistence = "" if left.persistence_mode is None else f", persistence mode {'on' if left.persistence_mode else 'off'}"
+        return (f"{self.owner}: GPU {self.index} was left at {in_force.limit_mW / MW_PER_W:g} W by {left.owner} "
+                f"(pid {left.pid} on {left.host}, no longer running); put back to {left.limit_mW / MW_PER_W:g} W"
+                f"{persistence}, the setting its crash marker recorded, which this run restores at its end")
+
+    def _write_marker(self, path: Path, uuid: str | None, before: Settings) -> None:
         document = {
             "format": MARKER_FORMAT, "nvml_index": int(self.index) if isinstance(self.index, int) else -1,
-            "uuid": uuid, "gpu_name": str(self.gpu.get_name()), "limit_mW": self.before.limit_mW,
-            "persistence_mode": self.before.persistence_mode, "pid": os.getpid(), "host": socket.gethostname(),
+            "uuid": uuid, "gpu_name": str(self.gpu.get_name()), "limit_mW": before.limit_mW,
+            "persistence_mode": before.persistence_mode, "pid": os.getpid(), "host": socket.gethostname(),
             "owner": self.owner, "created": time.time(),
             "restore": f"lightning-energy restore-power-limit (or: "
-                       f"{smi_hint(self.index, self.before.limit_mW, self.before.persistence_mode)})",
+                       f"{smi_hint(self.index, before.limit_mW, before.persistence_mode)})",
         }
         try:
-            directory.mkdir(parents=True, exist_ok=True)
             atomic_write_json(path, document)
-        except OSError as err:
+            written = read_marker(path)  # validate what is written
+        except (OSError, ValueError) as err:
             raise GpuControlError(f"{self.owner}: cannot write the crash marker {path} ({err}); set "
                                   f"{STATE_DIR_ENV} to a writable directory") from err
-        self.marker = path
+        with _HELD_LOCK:
+            _HELD_MARKERS[path] = self
+        self.marker, self._written = path, written
 
     def set_limit(self, limit_W: int) -> None:
         self.gpu.set_power_management_limit(int(limit_W) * MW_PER_W)
 
     def restore(self) -> list[str]:
         """Put back the recorded limit and persistence mode; the problems (one line each, with the
-        ``nvidia-smi -i`` command that fixes it), empty when all went back (the marker is then removed)."""
+        ``nvidia-smi -i`` command that fixes it), empty when all went back (the marker is then removed,
+        unless another process has replaced it since)."""
         with self._lock:
             before = self.before
             if before is None:
                 return []
-            problems = []
-            try:
-                if int(self.gpu.get_power_management_limit()) != before.limit_mW:
-                    self.gpu.set_power_management_limit(before.limit_mW)
-            except Exception as err:
-                problems.append(f"could not restore the power limit of GPU {self.index} to {before.limit_mW / MW_PER_W:g} W "
-                                f"({type(err).__name__}: {err}); set it by hand: {smi_hint(self.index, before.limit_mW)}")
-            if before.persistence_mode is not None:
-                try:
-                    if bool(self.gpu.get_persistence_mode()) != before.persistence_mode:
-                        self.gpu.set_persistence_mode(before.persistence_mode)
-                except Exception as err:
-                    problems.append(f"could not restore persistence mode {'on' if before.persistence_mode else 'off'} of "
-                                    f"GPU {self.index} ({type(err).__name__}: {err}); set it by hand: "
-                                    f"{smi_hint(self.index, persistence=before.persistence_mode)}")
+            problems = put_back(self.gpu, before)
             if not problems:
                 self.before = None
-                if self.marker is not None:
-                    self.marker.unlink(missing_ok=True)
-                    self.marker = None
+                self._remove_marker()
             return problems
+
+    def _remove_marker(self) -> None:
+        """Remove our marker if the file still is ours (``restore-power-limit --force`` may have removed it
+        and another run written its own since). No lock: this may run in a signal handler."""
+        path, written = self.marker, self._written
+        self.marker = self._written = None
+        if path is None:
+            return
+        with _HELD_LOCK:
+            _HELD_MARKERS.pop(path, None)
+        try:
+            still_ours = written is not None and read_marker(path).same_as(written)
+        except ValueError:  # gone, or not ours to judge
+            still_ours = False
+        if still_ours:
+            path.unlink(missing_ok=True)
+
+
+def put_back(gpu, settings: Settings) -> list[str]:
+    """Set ``gpu`` to ``settings`` (limit, and persistence mode where known); the problems, one line each
+    with the ``nvidia-smi -i`` command that fixes it."""
+    index = nvml_index(gpu)
+    problems = []
+    try:
+        if int(gpu.get_power_management_limit()) != settings.limit_mW:
+            gpu.set_power_management_limit(settings.limit_mW)
+    except Exception as err:
+        problems.append(f"could not restore the power limit of GPU {index} to {settings.limit_mW / MW_PER_W:g} W "
+                        f"({type(err).__name__}: {err}); set it by hand: {smi_hint(index, settings.limit_mW)}")
+    if settings.persistence_mode is not None:
+        try:
+            if bool(gpu.get_persistence_mode()) != settings.persistence_mode:
+                gpu.set_persistence_mode(settings.persistence_mode)
+        except Exception as err:
+            problems.append(f"could not restore persistence mode {'on' if settings.persistence_mode else 'off'} of "
+                            f"GPU {index} ({type(err).__name__}: {err}); set it by hand: "
+                            f"{smi_hint(index, persistence=settings.persistence_mode)}")
+    return problems
 
 
 def restore_from_marker(marker: Marker, opener: Callable[[int], Any] = open_nvml_gpu) -> list[str]:
     """Put the card of a marker back (limit, persistence mode); the problems, empty on success (the
-    marker is then removed). The card is found by UUID where the marker has one (indices can change)."""
-    try:
-        gpu = opener(marker.nvml_index)
-    except Exception as err:
-        return [f"{marker.path.name}: cannot open NVML GPU {marker.nvml_index} ({err}); set it by hand: "
-                f"{smi_hint(marker.nvml_index, marker.limit_mW, marker.persistence_mode)}"]
-    uuid = gpu_uuid(gpu)
-    if marker.uuid and uuid and uuid != marker.uuid:
-        return [f"{marker.path.name}: NVML GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices changed); "
-                f"find the card with `nvidia-smi -L` and set it by hand: nvidia-smi -i <index> -pl "
-                f"{marker.limit_mW / MW_PER_W:g}"]
-    controller = LimitController(gpu, f"restore-power-limit ({marker.owner})")
-    controller.before = Settings(marker.limit_mW, marker.persistence_mode)
-    problems = controller.restore()
-    if not problems:
-        marker.path.unlink(missing_ok=True)
-    return problems
+    marker is then removed). The card is found by UUID where the marker has one (indices can change).
+    Done under the marker's lock, and only if the file still holds the marker read (a run that took the
+    card since has written its own: that one is left alone, and so is the card)."""
+    with contextlib.ExitStack() as locked:
+        try:
+            locked.enter_context(marker_lock(marker.path))
+        except OSError as err:
+            return [f"{marker.path.name}: cannot lock it ({err})"]
+        try:
+            current = read_marker(marker.path)
+        except ValueError:
+            current = None
+        if current is None or not current.same_as(marker):
+            return []  # removed or replaced meanwhile: nothing of this marker is left to do
+        try:
+            gpu = opener(marker.nvml_index)
+        except Exception as err:
+            return [f"{marker.path.name}: cannot open NVML GPU {marker.nvml_index} ({err}); set it by hand: "
+                    f"{smi_hint(marker.nvml_index, marker.limit_mW, marker.persistence_mode)}"]
+        uuid = gpu_uuid(gpu)
+        if marker.uuid and uuid and uuid != marker.uuid:
+            return [f"{marker.path.name}: NVML GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices changed); "
+                    f"find the card with `nvidia-smi -L` and set it by hand: nvidia-smi -i <index> -pl "
+                    f"{marker.limit_mW / MW_PER_W:g}"]
+        problems = put_back(gpu, marker.settings)
+        if not problems:
+            marker.path.unlink(missing_ok=True)
+        return problems
 
 
 # ------------------------------------------------------------------------------------------- SIGHUP
