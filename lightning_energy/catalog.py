@@ -59,6 +59,8 @@ FIT_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 JSON_COLUMNS = ("metrics", "config")
 SENSOR_COLUMNS = ("rank", "sensor", "scope", "estimated", "provenance", "source", "energy_J")
+SENSOR_COLUMN_TYPES = {"rank": "INTEGER NOT NULL", "sensor": "TEXT NOT NULL", "scope": "TEXT", "estimated": "INTEGER",
+                       "provenance": "TEXT", "source": "TEXT", "energy_J": "REAL NOT NULL"}  # as in _SCHEMA
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS fits (
@@ -252,7 +254,7 @@ class Catalog:
     def list(self) -> list[dict]:
         """Every fit (without per-sensor rows), oldest first."""
         with self._errors("listing fits"), self._connect(create=False) as conn:
-            return [_fit_row(row) for row in conn.execute("SELECT * FROM fits ORDER BY id")]
+            return [_fit_row(row, self.path) for row in conn.execute("SELECT * FROM fits ORDER BY id")]
 
     def get(self, fit_id: int) -> dict:
         """One fit with its ``sensors``; :class:`CatalogError` if there is none with that id."""
@@ -260,10 +262,9 @@ class Catalog:
             row = conn.execute("SELECT * FROM fits WHERE id = ?", (fit_id,)).fetchone()
             if row is None:
                 raise CatalogError(f"no fit with id {fit_id} in {self.path}")
-            fit = _fit_row(row)
+            fit = _fit_row(row, self.path)
             fit["sensors"] = [
-                {"rank": s["rank"], "name": s["sensor"], "scope": s["scope"], "estimated": bool(s["estimated"]),
-                 "provenance": of_entry(dict(s)), "source": s["source"], "energy_J": s["energy_J"]}
+                _sensor_row(s, self.path, fit_id)
                 for s in conn.execute("SELECT * FROM fit_sensors WHERE fit_id = ? ORDER BY rank, sensor", (fit_id,))
             ]
         return fit
@@ -345,20 +346,65 @@ def _catalog_error(path: Path, doing: str, err: sqlite3.Error, timeout_s: float)
     return CatalogError(f"run catalog {path}: {doing} failed ({type(err).__name__}: {detail})")
 
 
-def _fit_row(row: sqlite3.Row) -> dict:
+def _fit_row(row: sqlite3.Row, path: Path) -> dict:
+    """A fits row as a record, every column checked against the type :data:`FIT_COLUMNS` declares for it:
+    SQLite keeps whatever a damaged or crafted file holds (a number or bytes in a text column, a column
+    declared without a type), so nothing downstream meets a value of the wrong type."""
     fit = dict(row)
+    damaged = f"run catalog {path}: fit {fit.get('id')} is damaged"
+    for name, declared in (("id", "INTEGER NOT NULL"), *FIT_COLUMNS):
+        problem = _type_problem(fit.get(name), declared)
+        if problem:
+            raise CatalogError(f"{damaged}: its `{name}` {problem}")
     for name in JSON_COLUMNS:
         try:
             fit[name] = json.loads(fit[name]) if fit[name] else {}
         except (TypeError, ValueError, RecursionError):
             fit[name] = None
         if not isinstance(fit[name], dict):
-            raise CatalogError(f"run catalog: fit {fit.get('id')} is damaged: its `{name}` is not a JSON object")
+            raise CatalogError(f"{damaged}: its `{name}` is not a JSON object")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fit["metrics"].values()):
-        raise CatalogError(f"run catalog: fit {fit.get('id')} is damaged: its `metrics` are not all numbers")
+        raise CatalogError(f"{damaged}: its `metrics` are not all numbers")
     fit["estimated"] = bool(fit["estimated"]) if fit["estimated"] is not None else None
-    fit["provenance"] = of_report({"provenance": fit.get("provenance"), "estimated": fit["estimated"]})
+    try:
+        fit["provenance"] = of_report({"provenance": fit.get("provenance"), "estimated": fit["estimated"]})
+    except ValueError as err:  # a provenance such as "measured+bogus"
+        raise CatalogError(f"{damaged}: its `provenance` {fit.get('provenance')!r} is not one ({err})") from None
     return fit
+
+
+def _sensor_row(row: sqlite3.Row, path: Path, fit_id: int) -> dict:
+    """A fit_sensors row as a sensor entry, each column checked against its declared type."""
+    values = dict(row)
+    for name, declared in SENSOR_COLUMN_TYPES.items():
+        problem = _type_problem(values.get(name), declared)
+        if problem:
+            raise CatalogError(f"run catalog {path}: fit {fit_id} is damaged: sensor row "
+                               f"{values.get('sensor')!r} (rank {values.get('rank')!r}): its `{name}` {problem}")
+    try:
+        provenance = of_entry(values)
+    except ValueError as err:
+        raise CatalogError(f"run catalog {path}: fit {fit_id} is damaged: sensor {values['sensor']!r}: "
+                           f"its `provenance` {values['provenance']!r} is not one ({err})") from None
+    return {"rank": values["rank"], "name": values["sensor"], "scope": values["scope"],
+            "estimated": bool(values["estimated"]), "provenance": provenance, "source": values["source"],
+            "energy_J": values["energy_J"]}
+
+
+# Python types a column of each declared SQL type may hold (REAL columns also take whole numbers)
+_PYTHON_TYPES = {"TEXT": (str,), "INTEGER": (int,), "REAL": (int, float)}
+_TYPE_WORDS = {"TEXT": "text", "INTEGER": "an integer", "REAL": "a number"}
+
+
+def _type_problem(value, declared: str) -> str | None:
+    """What is wrong with ``value`` for a column declared ``declared`` (``"REAL NOT NULL"``), or None."""
+    kind = declared.split()[0]
+    if value is None:
+        return "is empty" if "NOT NULL" in declared else None
+    if isinstance(value, _PYTHON_TYPES[kind]) and not isinstance(value, bool):
+        return None
+    shown = repr(value if len(repr(value)) <= 40 else f"{repr(value)[:37]}...")
+    return f"is {type(value).__name__} {shown}, not {_TYPE_WORDS[kind]}"
 
 
 def _sensor_key(sensor: dict) -> str:

@@ -18,15 +18,31 @@ import numpy as np
 
 from lightning_energy.analysis import DEFAULT_RATE_HZ
 
+# The most points one run's grid may have: about 69 h at the default 4 Hz. Each curve on it is 8 MB of
+# float64 and a few times that as JSON in compare.json; a rate asking for more is refused before allocating.
+MAX_GRID_POINTS = 1_000_000
 
-def even_grid(duration_s: float, rate_hz: float = DEFAULT_RATE_HZ) -> np.ndarray:
-    """Times 0, 1/rate, 2/rate, ... up to ``duration_s`` inclusive (s)."""
+
+def grid_points(duration_s: float, rate_hz: float = DEFAULT_RATE_HZ) -> int:
+    """How many points :func:`even_grid` puts on ``duration_s`` (s) at ``rate_hz`` (Hz); ValueError for a rate
+    that is not a positive finite number, a negative duration, or more than ``MAX_GRID_POINTS`` points
+    (the message names the highest rate that fits)."""
     if not rate_hz > 0 or not math.isfinite(rate_hz):
         raise ValueError(f"resampling rate must be a positive number of Hz, got {rate_hz!r}")
-    if not duration_s >= 0:
-        raise ValueError(f"duration must be >= 0 s, got {duration_s!r}")
-    count = int(math.floor(duration_s * rate_hz + 1e-9)) + 1
-    return np.arange(count) / rate_hz
+    if not duration_s >= 0 or not math.isfinite(duration_s):
+        raise ValueError(f"duration must be a finite number of s >= 0, got {duration_s!r}")
+    intervals = duration_s * rate_hz  # a float: may be far beyond any int worth converting, or inf
+    if intervals + 1 > MAX_GRID_POINTS:
+        highest_hz = (MAX_GRID_POINTS - 1) / duration_s
+        raise ValueError(f"resampling {duration_s:.4g} s at {rate_hz:g} Hz needs {intervals + 1:.3g} grid points, "
+                         f"more than the {MAX_GRID_POINTS:,} allowed: use a rate of at most {highest_hz:.4g} Hz")
+    return math.floor(intervals + 1e-9) + 1
+
+
+def even_grid(duration_s: float, rate_hz: float = DEFAULT_RATE_HZ) -> np.ndarray:
+    """Times 0, 1/rate, 2/rate, ... up to ``duration_s`` inclusive (s); at most ``MAX_GRID_POINTS`` of them
+    (:func:`grid_points` refuses more before anything is allocated)."""
+    return np.arange(grid_points(duration_s, rate_hz)) / rate_hz
 
 
 def _clean(time_s, values) -> tuple[np.ndarray, np.ndarray]:

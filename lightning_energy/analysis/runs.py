@@ -359,6 +359,7 @@ def _read_one_trace(path: Path, notes: list[str] | None = None
         valid = np.isfinite(raw)
         if not valid.any():
             continue
+        _check_never_decreases(path, name, raw, valid)
         sensors[name] = np.interp(time_s, time_s[valid], raw[valid])
         watts = np.asarray(columns.get(f"{name}:power_W", [math.nan] * len(time_s)), dtype=float)
         read = np.isfinite(watts)  # blank where the sensor was not read at that tick: between its readings
@@ -366,6 +367,24 @@ def _read_one_trace(path: Path, notes: list[str] | None = None
     if not sensors:
         raise RunError(f"{path} has no energy readings")
     return time_s, sensors, powers, np.asarray(columns["unix_time_s"], dtype=float)
+
+
+def _check_never_decreases(path: Path, sensor: str, energy_J: np.ndarray, valid: np.ndarray) -> None:
+    """:class:`RunError` naming the sensor and the line where its cumulative energy (J) runs backwards.
+
+    The writer's cumulative energy never decreases (and its 10 significant digits keep that order), so a
+    decrease is damage; read on, the fit's total would come out negative, or 0 J where the meter's marks
+    raise the curve to its earlier maximum. ``valid``: the rows holding a reading (blank cells skipped).
+    """
+    rows = np.flatnonzero(valid)
+    readings = energy_J[rows]
+    backwards = np.flatnonzero(np.diff(readings) < 0)
+    if backwards.size:
+        first = int(backwards[0])
+        line = int(rows[first + 1]) + 2  # data rows start on line 2, after the header
+        raise RunError(f"{path} is not a lightning-energy trace: sensor {sensor}'s cumulative energy runs "
+                       f"backwards on line {line} (from {readings[first]:.10g} J to {readings[first + 1]:.10g} J; "
+                       f"{backwards.size} such step(s)); cumulative energy never decreases")
 
 
 def _with_mark_points(time_s: np.ndarray, sensors: dict[str, np.ndarray], powers: dict[str, np.ndarray],

@@ -3,7 +3,8 @@ LightningCLI takes them), the grid (precision x batch size x power limit), the s
 device or GPU), the repetitions, the Trainer settings and the callbacks' arguments.
 
 :func:`load_config` gives a :class:`SweepConfig` or a :class:`SweepConfigError` naming the key; nothing runs
-here (the classes named are imported and their signatures checked). See ``configs/sweep_tiny.yaml``;
+here (the classes named are imported and their signatures checked; the ``trainer`` keys against
+Lightning's Trainer's). See ``configs/sweep_tiny.yaml``;
 :mod:`lightning_energy.sweep.runner` runs a checked config.
 """
 
@@ -20,6 +21,9 @@ AXES = ("precision", "batch_size", "power_limit_W")
 TOP_LEVEL_KEYS = {"name", "output_dir", "seed", "repetitions", "model", "data", "grid", "sensors", "trainer",
                   "energy", "carbon", "cern_batches"}
 RESERVED_TRAINER_KEYS = ("callbacks", "logger", "precision", "default_root_dir")
+# Trainer arguments that count steps or epochs -> the lowest integer Lightning takes (-1: no limit)
+TRAINER_COUNTS = {"max_epochs": -1, "min_epochs": 0, "max_steps": -1, "min_steps": 0, "log_every_n_steps": 0,
+                  "accumulate_grad_batches": 1, "check_val_every_n_epoch": 1}
 DEFAULT_CERN_BATCHES = 10  # the CERN study averaged the energy of 10 batches
 WORKLOADS = ("compute_bound", "memory_bound", "small_net")  # gpu_sim's StepModel presets
 GPU_KEYS = ("workload", "step", "min_limit_W", "max_limit_W", "default_limit_W", "idle_W", "static_W")
@@ -88,6 +92,7 @@ def parse_config(raw: object, base: Path = Path("."), default_name: str = "sweep
     reserved = [k for k in RESERVED_TRAINER_KEYS if k in trainer]
     if reserved:
         raise SweepConfigError(f"trainer.{reserved[0]} is set by the sweep; remove it from `trainer`")
+    _check_trainer_args(trainer)
     _check_batch_size_target(data or model, "data" if data else "model")
     repetitions = _int(raw.get("repetitions", 1), "repetitions", 1)
     seed = _int(raw.get("seed", 0), "seed", 0)
@@ -139,6 +144,29 @@ def import_class(class_path: str, key: str = "model"):
     if not inspect.isclass(cls):
         raise SweepConfigError(f"`{key}.class_path`: {module_name!r} has no class {name!r}")
     return cls
+
+
+def _check_trainer_args(trainer: dict) -> None:
+    """``trainer``'s keys are arguments of Lightning's Trainer (its own signature), its step and epoch counts
+    integers Lightning takes (``TRAINER_COUNTS``; None where that is the Trainer's default), and the fits end:
+    ``max_epochs: -1`` (train forever) needs a ``max_steps`` or ``max_time``."""
+    from lightning.pytorch import Trainer
+
+    params = inspect.signature(Trainer).parameters
+    unknown = sorted(set(trainer) - set(params), key=str)
+    if unknown:
+        allowed = sorted(set(params) - set(RESERVED_TRAINER_KEYS))
+        raise SweepConfigError(f"trainer has key(s) {unknown} that Lightning's Trainer does not take; it takes: "
+                               f"{', '.join(allowed)}")
+    for key, lowest in TRAINER_COUNTS.items():
+        if key not in trainer or (trainer[key] is None and params[key].default is None):
+            continue
+        value = trainer[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise SweepConfigError(f"trainer.{key} must be an integer >= {lowest}, got {value!r}")
+    if trainer.get("max_epochs") == -1 and trainer.get("max_steps", -1) in (-1, None) and not trainer.get("max_time"):
+        raise SweepConfigError("trainer.max_epochs is -1 (no end) without trainer.max_steps or trainer.max_time: "
+                               "every fit of the sweep would train forever")
 
 
 def _check_callback_args(args: dict, key: str, class_path: str, reserved: set[str]) -> None:

@@ -3,6 +3,11 @@
 The catalog is ``energy_catalog.sqlite`` in the run root (``--root``, default ``./runs`` or ``.``),
 or the file given with ``--catalog``. Fits are recorded by ``CatalogCallback`` and by
 ``lightning-energy sweep``.
+
+A damaged record (a column holding a value of the wrong type, a JSON column that is not an object) makes
+every action refuse with one line naming the file, the fit and the column, exit code 2 and nothing printed
+or written: ``list`` does not print the other fits either, since a listing that quietly leaves a fit out
+reads as complete (``show ID`` of a sound fit still works).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ runs sharing a value, so repetitions are averaged; without it each run is its ow
 are never averaged). A fit
 boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
 ``extrapolated_s`` column); further out is an error. Writes ``compare.json``, ``compare_power.png`` and
-``compare_energy.png`` into ``--out``. Runs that carry EnergyToAccuracy's figures (``energy_to_target_J``,
+``compare_energy.png`` into ``--out``. A rate that would put more than ``MAX_GRID_POINTS``
+(:mod:`lightning_energy.analysis.resample`) on a run is refused before anything is allocated. Runs that carry
+EnergyToAccuracy's figures (``energy_to_target_J``,
 ``time_to_target_s`` in ``run_attributes.json``: CatalogCallback writes them, e.g. in the runs of
 ``lightning-energy recommend``) also get a table per group and ``compare_frontier.png``: energy vs time
 to target per run, and the frontier of the runs no other beats in both.
@@ -18,6 +20,7 @@ to target per run, and the frontier of the runs no other beats in both.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from lightning_energy.analysis import DEFAULT_RATE_HZ
@@ -38,13 +41,19 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from lightning_energy.analysis import plots
     from lightning_energy.analysis.compare import compare_runs
+    from lightning_energy.analysis.resample import grid_points
     from lightning_energy.analysis.runs import RunError
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.provenance import word
 
-    if not args.rate_hz > 0:
-        raise CommandError(f"--rate-hz must be > 0, got {args.rate_hz}")
+    if not args.rate_hz > 0 or not math.isfinite(args.rate_hz):
+        raise CommandError(f"--rate-hz must be a finite number > 0, got {args.rate_hz}")
     runs = load_runs_or_fail(args.run_dirs)
+    for loaded in runs:  # every run's grid bounded before any curve is allocated
+        try:
+            grid_points(loaded.duration_s, args.rate_hz)
+        except ValueError as err:
+            raise CommandError(f"--rate-hz {args.rate_hz:g} is too fine for run {loaded.name}: {err}") from None
     for loaded in runs:
         for note in loaded.notes:
             print(f"note: run {loaded.name}: {note}")

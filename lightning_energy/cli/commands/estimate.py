@@ -3,17 +3,24 @@
 The model is given as an import path of its class (``package.module.Class``), its constructor
 arguments as JSON (an object for keyword arguments, a list for positional ones) and the shape of one
 input batch. Prints the FLOPs/MACs table and the theoretical and empirical predictions; ``--json``
-also writes them to a file (atomically).
+also writes them to a file (atomically). An input batch and model too large for the device's free memory
+(``MEMORY_SHARE``) are refused before either is allocated.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import math
+import os
 from pathlib import Path
 
 HELP = "predict a model's energy per training step and for a whole training run, before training"
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+# One input batch and the model's parameters may take at most this share of the device's free memory: the
+# forward pass and the layer benchmarks need the rest. A guard against sizes that cannot run, checked first.
+MEMORY_SHARE = 0.5
+FALLBACK_HOST_BYTES = 8 * 2**30  # assumed free host memory where the OS does not say (bytes)
 
 
 def add_arguments(parser) -> None:
@@ -58,6 +65,7 @@ def run(args) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CommandError(f"--device {args.device}: CUDA is not available on this machine")
     dtype = getattr(torch, args.dtype)
+    _check_sizes(args, model_class, init, shape, device, dtype, CommandError)
     try:
         model = model_class(**init) if isinstance(init, dict) else model_class(*init)
     except Exception as err:
@@ -80,6 +88,50 @@ def run(args) -> int:
                                              **estimate.as_dict()})
         print(f"written: {path}")
     return 0
+
+
+def _check_sizes(args, model_class, init, shape: list[int], device, dtype, error) -> None:
+    """Refuse, before anything real is allocated, an input batch and model whose bytes exceed
+    ``MEMORY_SHARE`` of the memory free on ``device``: the model is first built on the ``meta`` device
+    (shapes, no storage) to count its parameters and buffers; a model that cannot be built there is
+    counted as 0 bytes (its real build then reports its own error)."""
+    import torch
+
+    item_bytes = torch.empty((), dtype=dtype).element_size()
+    input_bytes = math.prod(shape) * item_bytes
+    model_bytes = 0
+    try:
+        with torch.device("meta"):
+            meta_model = model_class(**init) if isinstance(init, dict) else model_class(*init)
+        if isinstance(meta_model, torch.nn.Module):
+            model_bytes = sum(t.numel() for t in (*meta_model.parameters(), *meta_model.buffers())) * item_bytes
+    except Exception:  # noqa: BLE001 (any failure here is the real build's to report)
+        pass
+    free_bytes = _free_memory_bytes(device)
+    if input_bytes + model_bytes > MEMORY_SHARE * free_bytes:
+        raise error(f"--input-shape {','.join(map(str, shape))} ({_size(input_bytes)} in {args.dtype}) and the "
+                    f"model's parameters ({_size(model_bytes)}) need more than {MEMORY_SHARE:.0%} of the "
+                    f"{_size(free_bytes)} free on {device}; give a smaller batch or model")
+
+
+def _free_memory_bytes(device) -> int:
+    """Bytes free on ``device`` now: the GPU's free memory, or the host's available physical memory."""
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf names here (not Linux): a modest host
+        return FALLBACK_HOST_BYTES
+
+
+def _size(n_bytes: float) -> str:
+    """``n_bytes`` in the largest binary unit that keeps it >= 1 (``"2.5 GiB"``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n_bytes < 1024 or unit == "TiB":
+            return f"{n_bytes:.3g} {unit}"
+        n_bytes /= 1024
 
 
 def _planned_steps(args, error) -> int:
