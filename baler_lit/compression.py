@@ -18,8 +18,12 @@ archive actually holds; the model described by the header is first built on PyTo
 compared with the stored decoder, so no header field can make the reader allocate more than the file
 justifies. ``bfloat16`` latents are stored as their 16-bit patterns. The checksum covers the header
 (without the checksum field) and every array and is verified while the arrays stream in, before any is
-used; zip's per-entry CRC-32 catches damaged bytes too. Files are written to a private temporary file and
-renamed, so an interrupted write never leaves a partial ``.baler`` file.
+used; zip's per-entry CRC-32 catches damaged bytes too. What is written is validated too: every restored
+value, constant columns and corrections included, must be finite and fit its column's dtype, when
+``compress`` writes the file and when ``decompress`` restores it. Files are written to a private temporary
+file and renamed, so an interrupted write never leaves a partial ``.baler`` file; the temporary files of a
+killed writer are removed by the next ``compress`` or ``decompress`` writing into the folder
+(:func:`~baler_lit.table.remove_stale_temp_files`).
 
 ``compress`` refuses what it cannot restore: latent codes that are not finite in the chosen latent dtype
 (input far outside the training range overflows float16) stop it; input outside the checkpoint's
@@ -79,7 +83,7 @@ from .models import BalerAutoencoder, build_model
 from .normalization import MinMaxNormalizer
 from .row_source import RowSource, as_row_source
 from .sources import existing_file
-from .table import DtypeRestorer, Table, atomic_output, check_output, npz_writer, write_npz
+from .table import DtypeRestorer, Table, atomic_output, npz_writer, prepare_output, write_npz
 
 #: Rows per chunk when encoding/decoding. Small chunks keep the activations in cache and let the allocator
 #: reuse their buffers (32k-row chunks measured ~2x slower here, mostly page faults on fresh buffers).
@@ -410,7 +414,7 @@ def compress(
         raise BalerInputError(
             f"normalisation of shape {np.shape(normalizer.minimum)} does not fit samples {tuple(model.input_shape)}"
         )
-    out = check_output(output, overwrite)
+    out = prepare_output(output, overwrite)
     scan = _scan(rows)
     warnings = _range_warnings((scan.low - normalizer.minimum) / normalizer.scale,
                                (scan.high - normalizer.minimum) / normalizer.scale, rows, strict)  # fmt: skip
@@ -541,10 +545,12 @@ def _encode(model, normalizer, rows: RowSource, latent_dtype: str, latent_file, 
                 continue  # the file will be refused: only count the rest
             latent_file.write(memoryview(np.ascontiguousarray(_tensor_to_numpy(z))).cast("B"))
             sample = roundtrip.in_block(start, len(block))
+            where = f"{rows.source}: rows {start}..{start + len(block) - 1} as the file would restore them"
             if bound is None:
-                if len(sample):
+                if len(sample):  # the constants are in every row: a sample shows whether they fit their dtypes
                     restored = _decode_values(model, z[torch.from_numpy(sample)], normalizer, restorer, constants)
                     roundtrip.add(restored, block[sample], rows.source)
+                    restorer.check_fits(restored, rows.names, where)
                 continue
             restored = _decode_values(model, z, normalizer, restorer, constants)
             flat, original = restored.reshape(len(block), positions), block.reshape(len(block), positions)
@@ -554,6 +560,7 @@ def _encode(model, normalizer, rows: RowSource, latent_dtype: str, latent_file, 
             r, c = np.nonzero(mask)  # row-major: flat indices increase
             writer.add((start + r) * positions + c, original[r, c])
             flat[r, c] = original[r, c]
+            restorer.check_fits(restored, rows.names, where)
             roundtrip.add(restored[sample], block[sample], rows.source)
     return not_finite
 
@@ -717,7 +724,9 @@ def decode_blocks(
     """``(first row, float64 values)`` for consecutive chunks of :func:`chunk_rows` rows, from latent to final
     values: decoded, denormalised and, with ``restore``, rounded to the column dtypes, constant columns set and
     the corrections applied (see :func:`decode`). Reads a file opened with ``stream_latent`` block by block;
-    raises :class:`BalerInputError` when its bytes are not those verified at opening."""
+    raises :class:`BalerInputError` when its bytes are not those verified at opening, and, with ``restore``,
+    when a final value (constants and corrections included) does not fit its column's dtype: not finite, not a
+    whole number in an integer column, outside the dtype's range (:meth:`DtypeRestorer.check_fits`)."""
     model = compressed.decoder_model()
     norm = compressed.normalizer()
     h = compressed.header
@@ -749,6 +758,9 @@ def decode_blocks(
             if restore and corrections is not None:
                 index, original = corrections.take_below((s + len(z)) * positions)
                 values.reshape(-1)[index - s * positions] = original
+            if restore:  # what is written, corrections and constants included, must fit the column dtypes
+                where = f"{compressed.path} cannot be restored: rows {s}..{s + len(z) - 1}"
+                restorer.check_fits(values, h["names"], where)
             yield s, values
         if restore and corrections is not None:
             corrections.finish()
@@ -763,7 +775,8 @@ def decode(compressed: CompressedFile, latent_dtype: str | None = None, restore:
     ``latent_dtype`` re-rounds the stored latent to another storage dtype first (for trade-off studies).
     Rows are processed in chunks (:func:`chunk_rows`) from latent to final values, so each chunk's work
     stays in cache and the time grows linearly with the row count. Latent codes or decoded values that are
-    not finite raise :class:`BalerInputError` (such a file cannot be restored).
+    not finite, and restored values their column's dtype cannot hold, raise :class:`BalerInputError` (such a
+    file cannot be restored).
     """
     h = compressed.header
     storage = compressed.storage_dtype() if restore else np.dtype(np.float64)
@@ -780,11 +793,11 @@ def decompress(
 
     Integer columns are rounded to the nearest integer (Baler truncates) and every column gets its original
     dtype back; the npz ``data`` array has the columns' common dtype, ``dtypes`` lists each column's.
-    Everything is checked (file, decoded values, the table) before the output is written.
+    Everything is checked (file, decoded and restored values, the table) before the output is written.
     :func:`decompress_to_file` writes the same file with memory bounded independent of the row count.
     """
     if output is not None:
-        check_output(output, overwrite)
+        prepare_output(output, overwrite)
     compressed = read_compressed(path)
     h = compressed.header
     values = decode(compressed)
@@ -817,7 +830,7 @@ def decompress_to_file(
     row count, and a failure leaves no output.
     """
     start = time.perf_counter()
-    check_output(output, overwrite)
+    prepare_output(output, overwrite)
     compressed = read_compressed(path, stream_latent=True)
     h = compressed.header
     shape = (compressed.n_rows, *h["sample_shape"])

@@ -19,7 +19,7 @@ same way: constant columns (``constants.count`` in the header, arrays ``constant
 sample positions, strictly increasing) and ``constant_value`` (``<f8``)), restored exactly, never through the
 network; and error-bound corrections (``corrections``: the bound, the count, the value dtype; arrays
 ``corrections_index`` and ``corrections_value`` of zlib bytes, see :mod:`baler_lit.error_bound`, whose
-inflated size the header's count fixes in advance).
+inflated size the header's count fixes in advance). A version 1 header must not declare either part.
 
 The checks raise :class:`~baler_lit.errors.BalerInputError` with one line naming the file and the field.
 """
@@ -258,6 +258,9 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
     extra = sorted(set(entry_sizes) - expected_entries)
     if extra:
         raise BalerInputError(f"{path} is corrupted: unexpected archive entry {extra[0]!r}")
+    for name in ("constants", "corrections") if header["format_version"] == 1 else ():
+        if header.get(name) is not None:  # readers of the file would take it for the version-2 part
+            raise f.fail(name, "must be absent in format version 1 (the part came with version 2)")
 
     expect = {
         "latent": (LATENT_DTYPES[latent_dtype][1].str, [[n_rows, latent_dim]]),
@@ -308,6 +311,27 @@ def _check_optional_parts(header: dict[str, Any], f: _Fields, n_rows: int, n_pos
             shape = f.shape(f.get(spec, "shape", f"arrays[{name!r}].shape"), f"arrays[{name!r}].shape", 0, 1)
             parts[name] = ("|u1", shape[0])
     return parts
+
+
+def check_summary_fields(header: dict[str, Any], path: Path) -> None:
+    """The fields only a summary reads (``baler-lit info``), which :func:`check_header` leaves alone because
+    decompressing does not use them: ``library_version`` (a string) and ``roundtrip`` (null or ``rows`` a
+    count, ``mean_norm_rms`` and ``max_norm_rms`` numbers >= 0, NaN allowed: a file with a damaged summary
+    still decompresses)."""
+    f = _Fields(path)
+    version = header.get("library_version")
+    if version is not None and not isinstance(version, str):
+        raise f.fail("library_version", f"must be a string, got {_short(version)}")
+    roundtrip = header.get("roundtrip")
+    if roundtrip is None:
+        return
+    if not isinstance(roundtrip, dict):
+        raise f.fail("roundtrip", f"must be null or an object, got {_short(roundtrip)}")
+    f.count(f.get(roundtrip, "rows", "roundtrip.rows"), "roundtrip.rows", minimum=0)
+    for key in ("mean_norm_rms", "max_norm_rms"):
+        value = f.get(roundtrip, key, f"roundtrip.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise f.fail(f"roundtrip.{key}", f"must be a number >= 0, got {_short(value)}")
 
 
 def read_arrays(zf: zipfile.ZipFile, header: dict[str, Any], path: Path) -> dict[str, np.ndarray]:

@@ -1,7 +1,8 @@
 """What a ``.baler`` file holds (``baler-lit info``): columns, rows, model, the size of each part, the ratio,
 the round-trip error measured at compression, constant columns and error-bound corrections.
 
-The file is verified as ``decompress`` verifies it (every header field, the checksum over every byte), but
+The file is verified as ``decompress`` verifies it (every header field, the checksum over every byte; the
+fields only a summary reads too: :func:`~baler_lit.file_format.check_summary_fields`), but
 nothing is decoded and the latent codes are not kept in memory, so ``info`` is quick and its memory does
 not grow with the row count. Lightning is never imported.
 """
@@ -17,7 +18,7 @@ import numpy as np
 
 from .compression import CompressedFile, read_compressed
 from .error_bound import ErrorBound
-from .file_format import HEADER
+from .file_format import HEADER, check_summary_fields
 
 #: Columns listed one per line in the text output before the rest are summarised.
 LISTED_COLUMNS = 40
@@ -30,6 +31,7 @@ def file_info(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON-ready description of the verified ``.baler`` file at ``path`` (sizes in bytes)."""
     compressed = read_compressed(path, stream_latent=True)
     h = compressed.header
+    check_summary_fields(h, compressed.path)
     sizes = {"latent": 0, "decoder": 0, "normalisation and ranges": 0, "constant columns": 0, "corrections": 0}
     for name, spec in h["arrays"].items():
         sizes[_part(name)] += spec["nbytes"]
@@ -54,7 +56,7 @@ def file_info(path: str | os.PathLike) -> dict[str, Any]:
         "ratio": h["original_bytes"] / file_bytes,
         "parts_bytes": sizes,
         "roundtrip_error": h.get("roundtrip"),
-        "constant_columns": h.get("constants", {}).get("count", 0),
+        "constant_columns": (h.get("constants") or {}).get("count", 0),  # absent in format version 1
         "corrections": None if corrections is None else {
             "relative_bound": corrections["relative"],
             "absolute_bound": corrections["absolute"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -213,6 +214,7 @@ class DtypeRestorer:
         limits = [_int_range(kinds[j]) for j in ints]
         self._int_lo = np.array([lim[0] for lim in limits], dtype=np.float64)
         self._int_hi = np.array([lim[1] for lim in limits], dtype=np.float64)
+        self._dtype_lo, self._dtype_above = self._int_lo.copy(), self._int_hi + 1  # the dtypes' own ranges
         if lo_arr is not None and ints:
             self._int_lo = np.maximum(self._int_lo, np.floor(lo_arr[ints]))
             self._int_hi = np.minimum(self._int_hi, np.ceil(hi_arr[ints]))
@@ -237,6 +239,55 @@ class DtypeRestorer:
             values[:, self._int_idx] = sub
         for kind, idx in self._float_groups:
             values[:, idx] = values[:, idx].astype(kind)
+
+    def check_fits(self, values: np.ndarray, names: list[str], where: str) -> None:
+        """Raise :class:`BalerInputError` (one line: ``where``, the column, the value, the problem) unless every
+        value of ``values`` (float64, ``(rows, columns)`` or frames, as they are about to be written) is finite and
+        held by its column's dtype and by :attr:`storage`: integer and bool columns whole numbers within the
+        dtype's range (and exact in a float32 storage dtype), float columns within their dtype's finite range."""
+        flat = values.reshape(-1, 1) if self.frames else values
+        if self._all_fit(flat):
+            return
+        for j, kind in enumerate(self._kinds):  # find the first offending column and value for the message
+            column = flat[:, j]
+            problem = _unfit(column, kind, self.storage)
+            if problem is not None:
+                bad, why = problem
+                name = "the frames" if self.frames else f"column {names[j]!r}" if j < len(names) else f"column {j}"
+                raise BalerInputError(f"{where}: {name} ({kind.name}) would get {float(column[bad])!r}, {why}")
+
+    def _all_fit(self, flat: np.ndarray) -> bool:
+        """The checks of :meth:`check_fits` on all columns at once (the common case: everything fits)."""
+        if not np.isfinite(flat).all():
+            return False
+        if self._int_idx.size:
+            ints = flat[:, self._int_idx]
+            whole = (np.rint(ints) == ints).all()
+            if not (whole and (ints >= self._dtype_lo).all() and (ints < self._dtype_above).all()):
+                return False
+            if self.storage.kind == "f" and self.storage.itemsize < 8 and (ints.astype(self.storage) != ints).any():
+                return False
+        return all((np.abs(flat[:, idx]) <= np.finfo(kind).max).all() for kind, idx in self._float_groups)
+
+
+def _unfit(column: np.ndarray, kind: np.dtype, storage: np.dtype) -> tuple[int, str] | None:
+    """(position of the first value of ``column`` that ``kind`` or ``storage`` cannot hold, why), or ``None``.
+    The checks run in order, each on values that passed the ones before (no cast overflows)."""
+    checks = [(lambda: ~np.isfinite(column), "not a finite number")]
+    if kind.kind in "iub":
+        low, high = _int_range(kind)
+        checks += [(lambda: np.rint(column) != column, "not a whole number"),
+                   (lambda: (column < low) | (column >= float(high) + 1),
+                    f"outside {kind.name}'s range [{low}, {high}]")]
+        if storage.kind == "f" and storage.itemsize < 8:  # float32: integers beyond 2^24 are not all exact
+            checks.append((lambda: column.astype(storage) != column, f"not exact in the restored {storage.name} array"))
+    else:  # the storage dtype is at least as wide as every float column (their common type)
+        checks.append((lambda: np.abs(column) > float(np.finfo(kind).max), f"beyond {kind.name}'s largest value"))
+    for bad, why in checks:
+        mask = bad()
+        if mask.any():
+            return int(np.argmax(mask)), why
+    return None
 
 
 def _storage_dtype(kinds: list[np.dtype], lo: np.ndarray | None, hi: np.ndarray | None) -> np.dtype:
@@ -315,22 +366,107 @@ def removed_on_termination() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+#: Our temporary output files: ``.<output name>.baler-lit-<writer's pid>-<random>.tmp`` next to the output.
+TEMP_PREFIX = ".{name}.baler-lit-{pid}-"
+TEMP_SUFFIX = ".tmp"
+_TEMP_NAME = re.compile(r"\..+\.baler-lit-([0-9]{1,7})-[A-Za-z0-9_]+\.tmp")
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_output` in ``directory`` that a killed writer left behind
+    (SIGKILL, power loss: nothing ran its cleanup); return their paths.
+
+    A file is removed only when it has our naming pattern (:data:`TEMP_PREFIX`), belongs to this user, the
+    process named in it is gone (no process of that pid here) and no process holds its ``flock`` (every
+    writer holds one while it writes: this keeps a writer alive in another pid namespace or on another host of
+    a shared file system safe). A file whose pid is alive is left alone, even when the pid was reused.
+    Nothing here raises: a folder that cannot be listed or a file that vanished is skipped.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.fullmatch(entry.name) if ".baler-lit-" in entry.name else None  # a quick test first
+        try:
+            if (match is None or not entry.is_file(follow_symlinks=False)
+                    or entry.stat(follow_symlinks=False).st_uid != os.getuid() or _process_exists(int(match[1]))):
+                continue
+            if _unlink_unless_locked(entry.path):
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists here (pid 0 names no single process: counted as existing)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # PermissionError: it exists, another user's
+        return True
+    return True
+
+
+def _unlink_unless_locked(path: str) -> bool:
+    """Remove ``path`` unless a live writer holds its ``flock``; whether it was removed."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not _try_lock(fd):
+            return False
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` without waiting (released when the process ends, however it
+    ends); whether it was taken. Without ``fcntl`` (not POSIX) nothing is locked and this says True."""
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def prepare_output(path: str | os.PathLike, overwrite: bool) -> Path:
+    """:func:`check_output`, then :func:`remove_stale_temp_files` next to it: the start of a command that
+    writes ``path`` (``compress``, ``decompress``)."""
+    out = check_output(path, overwrite)
+    remove_stale_temp_files(out.parent)
+    return out
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike, overwrite: bool) -> Iterator[BinaryIO]:
     """Yield a private temporary file (binary, open for writing) next to ``path``; rename it onto ``path``
     only if the block succeeds.
 
-    The temporary file is created exclusively under an unpredictable name (:func:`tempfile.mkstemp`:
-    ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, so a planted file or symlink is never written through),
-    written through its descriptor, flushed, given the mode a new file gets (:func:`new_file_mode`) and
-    renamed. A failure, SIGINT or SIGTERM removes it and leaves ``path`` as it was. An ``OSError`` is
-    re-raised as :class:`BalerOutputError` (one line naming ``path``; still an ``OSError``).
+    The temporary file is created exclusively under an unpredictable name with our pattern and this process's
+    pid (:data:`TEMP_PREFIX`; :func:`tempfile.mkstemp`: ``O_CREAT | O_EXCL | O_NOFOLLOW``, mode 0600, so a
+    planted file or symlink is never written through), locked (``flock``) while it is written, written through
+    its descriptor, flushed, given the mode a new file gets (:func:`new_file_mode`) and renamed. A failure,
+    SIGINT or SIGTERM removes it and leaves ``path`` as it was; one left by SIGKILL is removed by the next
+    ``compress`` or ``decompress`` writing into that folder (:func:`remove_stale_temp_files`). An ``OSError``
+    is re-raised as :class:`BalerOutputError` (one line naming ``path``; still an ``OSError``).
     """
     out = check_output(path, overwrite)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX.format(name=out.name, pid=os.getpid()), suffix=TEMP_SUFFIX,
+                                   dir=out.parent)  # fmt: skip
     except OSError as exc:
         raise output_error(out, exc) from None
+    _try_lock(fd)  # a fresh file: nobody else holds its lock
     try:
         with removed_on_termination(), os.fdopen(fd, "wb") as fh:
             yield fh
