@@ -152,11 +152,16 @@ def load_checkpoint(path: str | Path) -> TrainedModel:
     ``torch.load(weights_only=True)`` (no arbitrary unpickling), the model rebuilt by
     :func:`~baler_lit.models.build_model` from the stored hyper-parameters, the weights loaded strictly, and the
     normaliser, column names and training dtypes taken from the checkpoint's ``baler`` section.
+
+    The hyper-parameters are a trust boundary: the model they describe is first built on the ``meta`` device
+    (:func:`~baler_lit.models.build_blueprint`, no memory) and must match the stored weights name for name,
+    shape for shape and in kind (real floating point or not; :func:`~baler_lit.models.check_weights_fit`) before
+    it is built for real, so the model never holds more values than the weights the file already brought in.
     """
     import numpy as np
     import torch
 
-    from .models import DEFAULT_COMPRESSION_RATIO, build_model
+    from .models import DEFAULT_COMPRESSION_RATIO, build_blueprint, build_model, check_weights_fit
     from .normalization import MinMaxNormalizer
 
     p = Path(path)
@@ -174,23 +179,27 @@ def load_checkpoint(path: str | Path) -> TrainedModel:
     info = ckpt.get("baler")
     if not isinstance(info, dict):
         raise BalerInputError(f"checkpoint {p} holds no normalisation (train it with BalerDataModule)")
+    weights = ckpt["state_dict"].items()
+    state = {k.removeprefix("model."): v for k, v in weights if isinstance(k, str) and k.startswith("model.")}
+    description = (
+        hp.get("model", "AE"),
+        hp["input_shape"],
+        hp.get("latent_dim"),
+        hp.get("compression_ratio", DEFAULT_COMPRESSION_RATIO),
+        hp.get("dtype", "float32"),
+        hp.get("model_kwargs"),
+    )
     try:
-        model = build_model(
-            hp.get("model", "AE"),
-            hp["input_shape"],
-            hp.get("latent_dim"),
-            hp.get("compression_ratio", DEFAULT_COMPRESSION_RATIO),
-            hp.get("dtype", "float32"),
-            hp.get("model_kwargs"),
-        )
-        state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+        stored_values = sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor))
+        check_weights_fit(build_blueprint(*description, stored_values=stored_values).state_dict(), state)
+        model = build_model(*description)
         model.load_state_dict(state, strict=True)
         arrays = {k: np.asarray(info[k], dtype=np.float64) for k in ("norm_min", "norm_scale")}
         normalizer = MinMaxNormalizer.from_arrays(arrays)
         names, dtypes = [str(n) for n in info["names"]], [str(d) for d in info["dtypes"]]
     except BalerInputError as exc:
         raise BalerInputError(f"cannot load checkpoint {p}: {exc}") from None
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+    except (RuntimeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise BalerInputError(f"cannot load checkpoint {p}: {_first_line(exc)}") from None
     return TrainedModel(model.eval(), normalizer, names, dtypes, dict(hp))
 
@@ -310,15 +319,22 @@ def _info(args: argparse.Namespace) -> str:
 
 
 def _evaluate(args: argparse.Namespace) -> str:
+    """The outputs are checked first, then the inputs' headers against each other, and only then are the inputs
+    read whole (a deflated ``.npz`` inflated block by block): an input that does not fit the other, however
+    large it declares itself, is refused before it takes any memory."""
     from .compression import read_compressed
-    from .evaluate import evaluate, format_summary
-    from .sources import load_table
+    from .evaluate import check_comparable, check_compressed_matches, check_outputs, evaluate, format_summary
+    from .row_source import open_rows
 
-    original = load_table(args.original, args.npz_key, args.root_tree, args.root_branches, args.root_prefix)
-    restored = load_table(args.restored)
+    check_outputs(args.out, args.tensorboard, args.overwrite)
+    original = open_rows(args.original, args.npz_key, args.root_tree, args.root_branches, args.root_prefix)
+    restored = open_rows(args.restored)
+    check_comparable(original, restored)
     compressed = read_compressed(args.compressed) if args.compressed else None
-    summary = evaluate(original, restored, args.out, compressed, args.tensorboard, overwrite=args.overwrite,
-                       plots=not args.no_plots)
+    if compressed is not None:
+        check_compressed_matches(original, compressed)
+    summary = evaluate(original.to_table(), restored.to_table(), args.out, compressed, args.tensorboard,
+                       overwrite=args.overwrite, plots=not args.no_plots)
     return format_summary(summary) + f"\nreport written to {args.out}"
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from .compression import LATENT_DTYPES, CompressedFile, decode
 from .errors import BalerInputError, BalerOutputError, output_error
+from .row_source import RowSource
 from .table import Table, process_umask, removed_on_termination
 
 #: Columns per figure row in the per-column histogram grids.
@@ -57,9 +58,10 @@ def _columns(table: Table) -> tuple[np.ndarray, list[str], np.ndarray]:
     return table.data, list(table.names), table.integer_mask
 
 
-def check_comparable(original: Table, restored: Table) -> None:
-    """Raise a clear error when the two tables cannot be compared entry by entry."""
-    if original.data.shape[1:] != restored.data.shape[1:]:
+def check_comparable(original: Table | RowSource, restored: Table | RowSource) -> None:
+    """Raise a clear error when the two tables cannot be compared entry by entry (row sources are compared from
+    their headers, before either is read)."""
+    if original.sample_shape != restored.sample_shape:
         raise BalerInputError(
             f"column-count mismatch: original {original.source} has samples of shape {original.sample_shape},"
             f" restored {restored.source} has {restored.sample_shape}"
@@ -172,7 +174,7 @@ def file_parts(original: Table, restored: Table, compressed: CompressedFile) -> 
     return parts
 
 
-def check_compressed_matches(original: Table, compressed: CompressedFile) -> None:
+def check_compressed_matches(original: Table | RowSource, compressed: CompressedFile) -> None:
     """Raise a clear error when ``compressed`` does not hold ``original``'s rows and columns."""
     h = compressed.header
     if (h["n_rows"], tuple(h["sample_shape"])) != (original.n_rows, original.sample_shape):
@@ -398,20 +400,13 @@ def evaluate(
     everything else takes 0.2 s beyond torch's import); ``plots=False`` skips them and never imports matplotlib.
 
     ``out_dir`` must not exist (it is filled under a temporary name and renamed) unless ``overwrite``.
-    With ``tensorboard_dir`` the figures and the per-column table (text) are also written as TensorBoard events.
+    With ``tensorboard_dir`` the figures and the per-column table (text) are also written as TensorBoard events;
+    a ``tensorboard_dir`` that cannot be a folder is refused before anything is written (:func:`check_outputs`).
     """
     check_comparable(original, restored)
     if compressed is not None:
         check_compressed_matches(original, compressed)
-    out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise BalerInputError(f"output folder {out} already exists; pass --overwrite to replace its files")
-    if out.exists() and not out.is_dir():
-        raise BalerInputError(f"output {out} is not a folder")
-    if not out.parent.is_dir():
-        raise BalerInputError(f"output directory {out.parent} does not exist")
-    if not os.access(out if out.exists() else out.parent, os.W_OK | os.X_OK):
-        raise BalerOutputError(f"output directory {out if out.exists() else out.parent} is not writable")
+    out = check_outputs(out_dir, tensorboard_dir, overwrite)
     summary: dict[str, Any] = {
         "original": original.source,
         "restored": restored.source,
@@ -441,6 +436,35 @@ def evaluate(
     if tensorboard_dir is not None:
         _to_tensorboard(tensorboard_dir, pngs, summary)
     return summary
+
+
+def check_outputs(
+    out_dir: str | os.PathLike, tensorboard_dir: str | os.PathLike | None = None, overwrite: bool = False
+) -> Path:
+    """Refuse, before anything is read or written, a report folder or TensorBoard folder that cannot be written
+    (see :func:`evaluate`); return the report folder as a Path."""
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise BalerInputError(f"output folder {out} already exists; pass --overwrite to replace its files")
+    if out.exists() and not out.is_dir():
+        raise BalerInputError(f"output {out} is not a folder")
+    if not out.parent.is_dir():
+        raise BalerInputError(f"output directory {out.parent} does not exist")
+    if not os.access(out if out.exists() else out.parent, os.W_OK | os.X_OK):
+        raise BalerOutputError(f"output directory {out if out.exists() else out.parent} is not writable")
+    if tensorboard_dir is not None:
+        _check_tensorboard_dir(Path(tensorboard_dir))
+    return out
+
+
+def _check_tensorboard_dir(log_dir: Path) -> None:
+    """The TensorBoard folder is made (with its missing parents) when the events are written: the path and every
+    existing folder above it must be folders, and the nearest existing one writable."""
+    existing = next((p for p in (log_dir, *log_dir.parents) if p.exists()), log_dir)
+    if not existing.is_dir():
+        raise BalerInputError(f"TensorBoard folder {log_dir}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BalerOutputError(f"TensorBoard folder {log_dir}: {existing} is not writable")
 
 
 def _render(figs: dict[str, Any]) -> dict[str, bytes]:

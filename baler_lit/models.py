@@ -28,7 +28,8 @@ its decoder without unpickling anything.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -456,3 +457,69 @@ def build_model(
     model = MODELS[name](shape, z, **kwargs)
     model.build_kwargs = kwargs  # recorded so a compressed file can rebuild the same architecture
     return model.to(resolve_dtype(dtype))
+
+
+def _declared_sizes(value: Any) -> Iterator[float]:
+    """Every number in a model description (nested lists and dicts), and the length of every list in it."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, numbers.Real):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _declared_sizes(item)
+    elif isinstance(value, list | tuple):
+        yield len(value)
+        for item in value:
+            yield from _declared_sizes(item)
+
+
+def build_blueprint(
+    name: str,
+    input_shape: Sequence[int],
+    latent_dim: int | None = None,
+    compression_ratio: float = DEFAULT_COMPRESSION_RATIO,
+    dtype: str | torch.dtype = "float32",
+    model_kwargs: dict[str, Any] | None = None,
+    *,
+    stored_values: int,
+) -> BalerAutoencoder:
+    """:func:`build_model` on PyTorch's ``meta`` device (shapes and dtypes only, no memory), for a model that a
+    file describes and whose weights hold ``stored_values`` numbers.
+
+    Every width, layer count, channel count and sample size of a model has at least one weight value of its own,
+    so a description that declares a number (or a list) larger than ``stored_values`` is refused before anything
+    is built: building even on ``meta`` takes time and memory per layer. Compare the blueprint's ``state_dict``
+    with the stored weights (:func:`check_weights_fit`) before building the model for real.
+    """
+    described = [input_shape, latent_dim, model_kwargs]
+    largest = max(_declared_sizes(described), default=0)
+    if not largest <= stored_values:  # also NaN
+        raise BalerInputError(
+            f"the model description declares a size of {largest}, more than the {stored_values} values its weights"
+            " hold"
+        )
+    with torch.device("meta"):
+        return build_model(name, input_shape, latent_dim, compression_ratio, dtype, model_kwargs)
+
+
+def check_weights_fit(expected: dict[str, torch.Tensor], stored: dict[str, Any]) -> None:
+    """Raise :class:`BalerInputError` unless ``stored`` has the tensors of ``expected`` (a blueprint's
+    ``state_dict``), name for name, shape for shape, and real floating point where the model's tensor is (and
+    not where it is not). The floating dtypes may differ (a checkpoint of a ``64-true`` or ``bf16-true`` run):
+    ``load_state_dict`` casts into the model's own dtype, which costs no memory beyond it."""
+    if set(expected) != set(stored):
+        missing, extra = sorted(set(expected) - set(stored)), sorted(set(stored) - set(expected))
+        raise BalerInputError(
+            f"the weights do not fit the model description (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    for key, want in expected.items():
+        have = stored[key]
+        if (
+            not isinstance(have, torch.Tensor) or have.shape != want.shape
+            or have.is_floating_point() != want.is_floating_point()
+        ):  # fmt: skip
+            found = f"{have.dtype} {tuple(have.shape)}" if isinstance(have, torch.Tensor) else type(have).__name__
+            raise BalerInputError(
+                f"weight {key!r} is {found}, the model description needs {want.dtype} {tuple(want.shape)}"
+            )

@@ -1,19 +1,22 @@
 """Input rows read block by block, so ``compress`` needs memory bounded by a block, not by the file.
 
 A :class:`RowSource` describes an input (rows, sample shape, column names and dtypes, where it came from) and
-yields its rows as float64 blocks, each checked for NaN/inf. Three kinds:
+yields its rows as float64 blocks, each checked for NaN/inf. Four kinds:
 
 - :class:`TableRows`: a :class:`~baler_lit.table.Table` already in memory (ROOT files, Baler's examples);
 - :class:`MappedRows`: a ``.npy`` file, or an uncompressed (``np.savez``) member of an ``.npz`` file, read
   through a memory map of one block at a time (each map is closed before the next is made, so the
   resident file pages stay those of one block);
-- :class:`StreamedRows`: a deflated (``np.savez_compressed``) ``.npz`` member, decompressed block by block;
+- :class:`StreamedRows`: a deflated (``np.savez_compressed``) ``.npz`` member, decompressed block by block
+  (so a "zip bomb" of zeros never sits in memory inflated);
 - :class:`RootRows`: numeric branches of a ROOT TTree, read with ``uproot.iterate`` (uproot imported lazily).
 
 :func:`open_rows` picks one from the file's suffix. The npy header is a trust boundary like the rest: only
 numeric dtypes, Fortran order only where the file is mapped (a deflated member streams rows, which a
 column-major array does not hold together), and the declared size must fit in the bytes the file actually holds
-before anything is mapped or allocated.
+before anything is mapped or allocated (the ``names`` and ``dtypes`` members too, at most
+:data:`MAX_LABELS_BYTES`). :meth:`RowSource.to_table` is how every ``.npz`` is read whole
+(:func:`~baler_lit.sources.load_npz`): a table too large to allocate is one error line, not a traceback.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ BLOCK_VALUES = 2**21
 ROOT_STEP = "32 MB"
 #: :class:`RootRows` keeps the first row number of one entry in this many (what a random read starts from).
 ENTRY_INDEX_STRIDE = 256
+#: Most bytes the ``names`` or ``dtypes`` member of an npz file may take (100k columns of 160-character names).
+MAX_LABELS_BYTES = 64 * 2**20
 #: Fixed part of a zip local file header (bytes).
 ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 
@@ -101,8 +106,14 @@ class RowSource:
         )
 
     def to_table(self) -> Table:
-        """All rows in memory, as a :class:`Table`."""
-        data = np.empty((self.n_rows, *self.sample_shape))
+        """All rows in memory, as a :class:`Table` (float64: 8 bytes per value, filled block by block)."""
+        try:
+            data = np.empty((self.n_rows, *self.sample_shape))
+        except MemoryError:
+            raise BalerInputError(
+                f"{self.source}: {self.n_rows} rows of shape {self.sample_shape} need"
+                f" {self.n_rows * self.n_columns * 8} bytes in memory as float64, more than can be allocated here"
+            ) from None
         for start, values in self.blocks():
             data[start : start + len(values)] = values
         return Table(data, names=list(self.names), dtypes=list(self.dtypes), source=self.source,
@@ -187,8 +198,18 @@ class _NpyArray(RowSource):
 
 
 def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], np.dtype, int, bool]:
-    """(shape, dtype, header bytes, Fortran order) of the npy stream at ``fh``'s position; the data must fit in
-    ``available``."""
+    """(shape, dtype, header bytes, Fortran order) of the numeric npy stream at ``fh``'s position; the data must
+    fit in ``available`` bytes."""
+    shape, dtype, header_bytes, fortran = _read_any_npy_header(fh, source, available)
+    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.hasobject:
+        raise BalerInputError(f"cannot read {source}: data must be numeric, got dtype {dtype}")
+    if len(shape) not in (2, 3):
+        raise BalerInputError(f"{source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got shape {shape}")
+    return shape, dtype, header_bytes, fortran
+
+
+def _read_any_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], np.dtype, int, bool]:
+    """As :func:`_read_npy_header` for an array of any dtype and dimension."""
     start = fh.tell()
     try:
         version = np.lib.format.read_magic(fh)
@@ -201,10 +222,8 @@ def _read_npy_header(fh, source: str, available: int) -> tuple[tuple[int, ...], 
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise BalerInputError(f"cannot read {source} as .npy: {' '.join(str(exc).split())[:200]}") from None
     header_bytes = fh.tell() - start
-    if dtype.kind not in "fiub" or dtype.fields is not None or dtype.hasobject:
-        raise BalerInputError(f"{source}: data must be numeric, got dtype {dtype}")
-    if len(shape) not in (2, 3) or any(not isinstance(s, int) or s < 0 for s in shape):
-        raise BalerInputError(f"{source}: data must be 2-D (rows, columns) or 3-D (frames, H, W), got shape {shape}")
+    if any(not isinstance(s, int) or s < 0 for s in shape):
+        raise BalerInputError(f"{source}: the array's header declares an invalid shape {shape}")
     if math.prod(shape) * dtype.itemsize > available - header_bytes:
         raise BalerInputError(f"{source} is truncated: its header declares {shape} of {dtype}, more than the file holds")
     return tuple(shape), dtype, header_bytes, bool(fortran)
@@ -371,12 +390,21 @@ def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:
     return info.header_offset + ZIP_LOCAL_HEADER.size + fields[9] + fields[10]
 
 
-def _npz_strings(npz, key: str, path: Path) -> list[str]:
-    if key not in npz.files:
+def _npz_strings(zf: zipfile.ZipFile, key: str, path: Path) -> list[str]:
+    """The strings of member ``key`` (``names``, ``dtypes``) of an npz archive, or ``[]`` without one; its npy
+    header must declare a string array that fits in the member's stated size before it is read."""
+    member = f"{key}.npy"
+    if member not in zf.namelist():
         return []
-    arr = npz[key]
-    if arr.size and arr.dtype.kind not in "US":
-        raise BalerInputError(f"input {path}: {key!r} must be strings, got dtype {arr.dtype}")
+    info = zf.getinfo(member)
+    if info.file_size > MAX_LABELS_BYTES:
+        raise BalerInputError(f"input {path}: {key!r} takes {info.file_size} bytes, more than {MAX_LABELS_BYTES}")
+    with zf.open(info) as fh:
+        shape, dtype, _, _ = _read_any_npy_header(fh, f"{path} ({key!r})", info.file_size)
+    if math.prod(shape) and dtype.kind not in "US":
+        raise BalerInputError(f"input {path}: {key!r} must be strings, got dtype {dtype}")
+    with zf.open(info) as fh:
+        arr = np.lib.format.read_array(fh, allow_pickle=False)
     return [str(v) for v in arr.tolist()]
 
 
@@ -397,22 +425,27 @@ def open_rows(
     p = existing_file(path)
     if suffix == ".root":
         return RootRows(p, root_tree, root_branches, root_prefix)
-    size = p.stat().st_size
-    if p.suffix.lower() == ".npy":
-        return MappedRows(p, 0, size, str(p), [], [])
+    if suffix == ".npy":
+        return MappedRows(p, 0, p.stat().st_size, str(p), [], [])
+    return open_npz(p, npz_key)
+
+
+def open_npz(p: Path, npz_key: str = "data") -> MappedRows | StreamedRows:
+    """A row source for array ``npz_key`` of Baler's npz layout (with optional ``names`` and ``dtypes``); every
+    member's npy header is checked against the member's size before anything of it is read."""
     try:
-        with np.load(p, allow_pickle=False) as npz:
-            if not isinstance(npz, np.lib.npyio.NpzFile):
-                raise BalerInputError(f"input {p} is not an .npz archive")
-            if npz_key not in npz.files:
-                raise BalerInputError(f"input {p} has no array {npz_key!r} (arrays: {', '.join(npz.files) or 'none'})")
-            names, dtypes = _npz_strings(npz, "names", p), _npz_strings(npz, "dtypes", p)
+        if not zipfile.is_zipfile(p):
+            raise BalerInputError(f"cannot read {p} as .npz: not a zip archive (np.savez writes one)")
         with zipfile.ZipFile(p) as zf:
+            arrays = [n.removesuffix(".npy") for n in zf.namelist() if n.endswith(".npy")]
+            if npz_key not in arrays:
+                raise BalerInputError(f"input {p} has no array {npz_key!r} (arrays: {', '.join(arrays) or 'none'})")
+            names, dtypes = _npz_strings(zf, "names", p), _npz_strings(zf, "dtypes", p)
             info = zf.getinfo(f"{npz_key}.npy")
         if info.compress_type == zipfile.ZIP_STORED:
             return MappedRows(p, _member_data_offset(p, info), info.file_size, str(p), names, dtypes)
         return StreamedRows(p, info.filename, str(p), names, dtypes)
     except BalerInputError:
         raise
-    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, NotImplementedError) as exc:
         raise BalerInputError(f"cannot read {p} as .npz: {' '.join(str(exc).split())[:200]}") from None

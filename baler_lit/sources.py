@@ -14,14 +14,13 @@ object. Branches of different collections, or flat mixed with jagged, are reject
 from __future__ import annotations
 
 import os
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from .errors import BalerInputError
-from .table import Table, infer_column_dtypes
+from .table import Table
 
 #: ROOT leaf type names (as uproot spells them) that map to numeric columns.
 ROOT_NUMERIC_TYPES = {
@@ -64,34 +63,15 @@ def load_table(
 
 
 def load_npz(path: str | os.PathLike, key: str = "data") -> Table:
-    """Read Baler's npz layout (``data``, optional ``names`` and ``dtypes``) without unpickling."""
-    p = existing_file(path)
-    try:
-        npz = np.load(p, allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise BalerInputError(f"cannot read {p} as .npz: {exc}") from None
-    if not isinstance(npz, np.lib.npyio.NpzFile):
-        raise BalerInputError(f"input {p} is a single .npy array, not an .npz archive with 'data' and 'names'")
-    try:
-        with npz:
-            if key not in npz.files:
-                raise BalerInputError(f"input {p} has no array {key!r} (arrays: {', '.join(npz.files) or 'none'})")
-            data = npz[key]
-            names = npz["names"] if "names" in npz.files else np.array([])
-            dtypes = npz["dtypes"] if "dtypes" in npz.files else np.array([])
-    except BalerInputError:
-        raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise BalerInputError(f"cannot read {p} as .npz: {exc}") from None
-    name_list = [str(n) for n in names.tolist()] if names.size and names.dtype.kind in "US" else []
-    if names.size and not name_list:
-        raise BalerInputError(f"input {p}: 'names' must be strings, got dtype {names.dtype}")
-    if dtypes.size:
-        return Table(data, names=name_list, dtypes=[str(d) for d in dtypes.tolist()], source=str(p))
-    if data.ndim in (2, 3) and data.dtype.kind in "fiub" and data.size:
-        inferred = infer_column_dtypes(data, frames=data.ndim == 3)
-        return Table(data, names=name_list, dtypes=inferred, source=str(p), dtypes_inferred=True)
-    return Table(data, names=name_list, source=str(p))  # raises the shape/kind error
+    """Read Baler's npz layout (``data``, optional ``names`` and ``dtypes``) without unpickling.
+
+    Read through :func:`~baler_lit.row_source.open_npz`: every member's npy header is checked against the bytes
+    the member holds, and a deflated member is inflated block by block into the float64 table (so memory is the
+    table's, 8 bytes per value, however well the file compresses).
+    """
+    from .row_source import open_npz
+
+    return open_npz(existing_file(path), key).to_table()
 
 
 def _tree_names(rootfile) -> list[str]:
