@@ -231,14 +231,16 @@ class DtypeRestorer:
                 np.rint(values, out=values)
                 np.clip(values, self._int_lo[0], self._int_hi[0], out=values)
             elif kind.itemsize < 8:
-                values[...] = values.astype(kind)
+                with np.errstate(over="ignore", invalid="ignore"):  # beyond the dtype: inf, refused by check_fits
+                    values[...] = values.astype(kind)
             return
         if self._int_idx.size:
             sub = np.rint(values[:, self._int_idx])
             np.clip(sub, self._int_lo, self._int_hi, out=sub)
             values[:, self._int_idx] = sub
-        for kind, idx in self._float_groups:
-            values[:, idx] = values[:, idx].astype(kind)
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond the dtype: inf, refused by check_fits
+            for kind, idx in self._float_groups:
+                values[:, idx] = values[:, idx].astype(kind)
 
     def check_fits(self, values: np.ndarray, names: list[str], where: str) -> None:
         """Raise :class:`BalerInputError` (one line: ``where``, the column, the value, the problem) unless every
