@@ -395,6 +395,38 @@ def logger_dir_note(trainer: Any) -> str | None:
     return None
 
 
+def check_resumable(ckpt_path) -> None:
+    """Refuse in one line (:class:`BalerInputError`) a ``fit --ckpt_path`` checkpoint this Lightning cannot resume
+    from: not a Lightning checkpoint (no ``pytorch-lightning_version``), or written by a Lightning whose layout
+    the installed one cannot upgrade (its migration raises). "last", "best", "hpc" and None are Lightning's own."""
+    if ckpt_path is None or str(ckpt_path) in ("last", "best", "hpc", "registry"):
+        return
+    import lightning
+    import torch
+
+    from lightning_energy.integration.lightning_internals import migrate_checkpoint
+
+    path = Path(ckpt_path)
+    try:  # the tensors memory-mapped: a second read of a large checkpoint costs little
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except FileNotFoundError:
+        raise BalerInputError(f"checkpoint {path} does not exist") from None
+    except Exception as exc:
+        raise BalerInputError(f"cannot load checkpoint {path}: {_first_line(exc)}") from None
+    if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
+        raise BalerInputError(f"{path} is not a Lightning checkpoint (no pytorch-lightning_version)")
+    version = checkpoint["pytorch-lightning_version"]
+    try:
+        checkpoint = migrate_checkpoint(checkpoint, path)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise BalerInputError(f"checkpoint {path} was written by Lightning {version}; Lightning "
+                              f"{lightning.__version__} cannot resume from it ({type(exc).__name__}: {exc})") from None
+    if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
+        raise BalerInputError(f"checkpoint {path} holds the weights only (no optimizer state): it cannot resume a "
+                              "fit; use it with compress, or resume from a full checkpoint (ModelCheckpoint's "
+                              "save_last)")
+
+
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
 
@@ -417,6 +449,9 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             if isinstance(callbacks, list):
                 config["trainer.callbacks"] = _keep_one_energy_callback(callbacks)
             return super().instantiate_trainer(**kwargs)
+
+        def before_fit(self) -> None:
+            check_resumable(self.config_init.get("fit", self.config_init).get("ckpt_path"))
 
         def before_instantiate_classes(self) -> None:
             config = self.config.get(self.subcommand) if self.subcommand else self.config

@@ -236,3 +236,43 @@ def test_evaluate_without_plots_never_imports_matplotlib_or_lightning(trained, t
     assert "HEAVY []" in proc.stdout and "mean normalised RMS error" in proc.stdout
     assert json.loads((report / "summary.json").read_text())["mean_norm_rms"] == 0.0
     assert not list(report.glob("*.png"))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda ckpt: None, "holds the weights only"),
+    (lambda ckpt: ckpt.pop("pytorch-lightning_version"), "not a Lightning checkpoint"),
+], ids=["weights only", "no version"])
+def test_fit_from_a_checkpoint_that_cannot_resume_it_is_one_line(trained, tmp_path, capsys, monkeypatch, edit, match):
+    """Issue 29 item 6e: Lightning's restore raised a KeyError traceback (rc 1)."""
+    import torch
+
+    root, ckpt, data = trained
+    checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
+    edit(checkpoint)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save(checkpoint, foreign)
+    monkeypatch.setattr(sys, "argv", ["baler-lit"])
+    capsys.readouterr()
+    _bad(_fit_args(CMS_CONFIG, tmp_path, "--data.path", str(data), "--trainer.max_epochs", "4",
+                   "--ckpt_path", str(foreign)), match, capsys)
+
+
+def test_a_checkpoint_of_a_lightning_that_cannot_be_upgraded_is_refused_in_one_line(tmp_path):
+    """A full checkpoint whose version says 1.0.0: Lightning's migration raises (a KeyError traceback)."""
+    import lightning as L
+    import torch
+
+    from baler_lit.cli import check_resumable
+    from baler_lit.errors import BalerInputError
+    from conftest import TinyRegressor, tiny_loader, trainer_kwargs
+
+    trainer = L.Trainer(**trainer_kwargs(tmp_path, max_epochs=1, enable_checkpointing=True, logger=False))
+    trainer.fit(TinyRegressor(), tiny_loader(n=32), tiny_loader(n=16))
+    (full,) = tmp_path.rglob("*.ckpt")
+    check_resumable(full)  # this Lightning's own: fine
+    checkpoint = torch.load(full, map_location="cpu", weights_only=False)
+    checkpoint["pytorch-lightning_version"] = "1.0.0"
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint, old)
+    with pytest.raises(BalerInputError, match="written by Lightning 1.0.0"):
+        check_resumable(old)

@@ -148,3 +148,12 @@ def optimizer_unscales_inside_step(optimizer) -> bool:
     from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
 
     return _optimizer_handles_unscaling(optimizer)
+
+
+def migrate_checkpoint(checkpoint: dict, path) -> dict:
+    """``checkpoint`` (a loaded Lightning checkpoint) upgraded to this Lightning's layout, as ``Trainer.fit(
+    ckpt_path=...)`` does before restoring: ``utilities.migration.utils._pl_migrate_checkpoint`` (checked:
+    Lightning 2.6.6). Raises what it raises (``KeyError`` on a checkpoint of a Lightning it cannot upgrade)."""
+    from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
+
+    return _pl_migrate_checkpoint(checkpoint, path)
