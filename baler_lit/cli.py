@@ -19,7 +19,7 @@ one ``.baler`` per input and a ``manifest.json``); it is the one file tool that 
 row count). ``compress``, ``decompress``, ``evaluate``, ``diagnose`` and ``info`` never import Lightning: a
 checkpoint is read with
 ``torch.load(weights_only=True)`` and the model is rebuilt from its hyper-parameters
-(:func:`load_checkpoint`), so these commands start in about the time torch takes to import.
+(:func:`~baler_lit.checkpoint.load_checkpoint`), so these commands start in about the time torch takes to import.
 
 Bad input gives one ``baler-lit: error: ...`` line on stderr, exit code 2 and no output file; an existing
 output is replaced only with ``--overwrite``. Nothing is printed to stdout on import, so
@@ -31,15 +31,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
+from .checkpoint import TrainedModel, adopt_training_dtypes, first_line, load_checkpoint
 from .errors import BalerInputError
-
-if TYPE_CHECKING:
-    from .models import BalerAutoencoder
-    from .normalization import MinMaxNormalizer
 
 TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many")
 EXIT_BAD_INPUT = 2
@@ -130,80 +126,6 @@ def _tool_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@dataclass
-class TrainedModel:
-    """What a BalerModule checkpoint holds for the file tools: the model (eval mode, CPU) and its data description."""
-
-    model: BalerAutoencoder
-    normalizer: MinMaxNormalizer
-    column_names: list[str]
-    column_dtypes: list[str]
-    hparams: dict[str, Any] = field(default_factory=dict)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def load_checkpoint(path: str | Path) -> TrainedModel:
-    """Read a BalerModule checkpoint on the CPU without Lightning.
-
-    ``torch.load(weights_only=True)`` (no arbitrary unpickling), the model rebuilt by
-    :func:`~baler_lit.models.build_model` from the stored hyper-parameters, the weights loaded strictly, and the
-    normaliser, column names and training dtypes taken from the checkpoint's ``baler`` section.
-
-    The hyper-parameters are a trust boundary: the model they describe is first built on the ``meta`` device
-    (:func:`~baler_lit.models.build_blueprint`, no memory) and must match the stored weights name for name,
-    shape for shape and in kind (real floating point or not; :func:`~baler_lit.models.check_weights_fit`) before
-    it is built for real, so the model never holds more values than the weights the file already brought in.
-    """
-    import numpy as np
-    import torch
-
-    from .models import DEFAULT_COMPRESSION_RATIO, build_blueprint, build_model, check_weights_fit
-    from .normalization import MinMaxNormalizer
-
-    p = Path(path)
-    if not p.is_file():
-        raise BalerInputError(f"checkpoint {p} does not exist")
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for damaged or foreign files
-        raise BalerInputError(f"cannot load checkpoint {p}: {_first_line(exc)}") from None
-    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
-        raise BalerInputError(f"cannot load checkpoint {p}: not a Lightning checkpoint (no state_dict)")
-    hp = ckpt.get("hyper_parameters")
-    if not isinstance(hp, dict) or "input_shape" not in hp:
-        raise BalerInputError(f"cannot load checkpoint {p}: no BalerModule hyper-parameters")
-    info = ckpt.get("baler")
-    if not isinstance(info, dict):
-        raise BalerInputError(f"checkpoint {p} holds no normalisation (train it with BalerDataModule)")
-    weights = ckpt["state_dict"].items()
-    state = {k.removeprefix("model."): v for k, v in weights if isinstance(k, str) and k.startswith("model.")}
-    description = (
-        hp.get("model", "AE"),
-        hp["input_shape"],
-        hp.get("latent_dim"),
-        hp.get("compression_ratio", DEFAULT_COMPRESSION_RATIO),
-        hp.get("dtype", "float32"),
-        hp.get("model_kwargs"),
-    )
-    try:
-        stored_values = sum(v.numel() for v in state.values() if isinstance(v, torch.Tensor))
-        check_weights_fit(build_blueprint(*description, stored_values=stored_values).state_dict(), state)
-        model = build_model(*description)
-        model.load_state_dict(state, strict=True)
-        arrays = {k: np.asarray(info[k], dtype=np.float64) for k in ("norm_min", "norm_scale")}
-        normalizer = MinMaxNormalizer.from_arrays(arrays)
-        names, dtypes = [str(n) for n in info["names"]], [str(d) for d in info["dtypes"]]
-    except BalerInputError as exc:
-        raise BalerInputError(f"cannot load checkpoint {p}: {exc}") from None
-    except (RuntimeError, KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise BalerInputError(f"cannot load checkpoint {p}: {_first_line(exc)}") from None
-    return TrainedModel(model.eval(), normalizer, names, dtypes, dict(hp))
-
-
 def _auto_names(names: Sequence[str]) -> bool:
     return all(n == f"col_{i}" for i, n in enumerate(names))
 
@@ -225,7 +147,7 @@ def _compress(args: argparse.Namespace) -> str:
             f"column mismatch: {args.input} has {table.n_columns} columns, the checkpoint {len(names)};"
             f" first difference at column {diff}"
         )
-    _adopt_training_dtypes(table, module.column_dtypes)
+    adopt_training_dtypes(table, module.column_dtypes)
     bound = _error_bound(args)
     result = compress(
         module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
@@ -262,17 +184,6 @@ def _load_for_model(module: TrainedModel, args: argparse.Namespace, stream: bool
         if module.column_names and not _auto_names(module.column_names):
             branches = module.column_names
     return (open_rows if stream else load_table)(args.input, args.npz_key, args.root_tree, branches, args.root_prefix)
-
-
-def _adopt_training_dtypes(table, training_dtypes: Sequence[str]) -> None:
-    """Describe the columns with the checkpoint's training dtypes when the input file states none.
-
-    A plain Baler ``.npz`` (``data`` + ``names``) carries no dtypes; the training file's (stored in the
-    checkpoint) then say which columns are integers and how many bytes the original takes, so the same data
-    prints the same ratio whether or not its file carries dtype metadata. Dtypes the input file states win.
-    """
-    if table.dtypes_inferred and len(training_dtypes) == len(table.dtypes):
-        table.dtypes = list(training_dtypes)
 
 
 def _diagnose(args: argparse.Namespace) -> str:
@@ -412,7 +323,7 @@ def check_resumable(ckpt_path) -> None:
     except FileNotFoundError:
         raise BalerInputError(f"checkpoint {path} does not exist") from None
     except Exception as exc:
-        raise BalerInputError(f"cannot load checkpoint {path}: {_first_line(exc)}") from None
+        raise BalerInputError(f"cannot load checkpoint {path}: {first_line(exc)}") from None
     if not isinstance(checkpoint, dict) or "pytorch-lightning_version" not in checkpoint:
         raise BalerInputError(f"{path} is not a Lightning checkpoint (no pytorch-lightning_version)")
     version = checkpoint["pytorch-lightning_version"]

@@ -23,6 +23,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from .checkpoint import adopt_training_dtypes, load_checkpoint
 from .errors import BalerInputError
 from .table import atomic_output
 
@@ -61,8 +62,6 @@ class CompressFiles(L.LightningModule):
     def __init__(self, ckpt: str, inputs: list[str], output_dir: str, latent_dtype: str = "float16",
                  error_bound=None, overwrite: bool = False, npz_key: str = "data") -> None:  # fmt: skip
         super().__init__()
-        from .cli import load_checkpoint
-
         self.checkpoint = checkpoint_identity(ckpt)  # before loading: the bytes hashed are the bytes loaded
         self.trained = load_checkpoint(ckpt)
         self.inputs = list(inputs)
@@ -79,12 +78,11 @@ class CompressFiles(L.LightningModule):
         return DataLoader(shard, batch_size=None, shuffle=False)
 
     def predict_step(self, index: int, batch_idx: int) -> dict[str, Any]:
-        from .cli import _adopt_training_dtypes
         from .compression import compress
         from .row_source import open_rows
 
         rows = open_rows(self.inputs[index], self.npz_key)
-        _adopt_training_dtypes(rows, self.trained.column_dtypes)
+        adopt_training_dtypes(rows, self.trained.column_dtypes)
         result = compress(self.trained.model, self.trained.normalizer, rows, self.outputs[index], self.latent_dtype,
                           dict(self.trained.hparams), self.overwrite, error_bound=self.error_bound)  # fmt: skip
         summary = {

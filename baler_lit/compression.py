@@ -82,7 +82,7 @@ from .file_format import (
 from .models import BalerAutoencoder, build_model
 from .normalization import MinMaxNormalizer
 from .row_source import RowSource, as_row_source
-from .sources import existing_file
+from .errors import existing_file
 from .table import DtypeRestorer, Table, atomic_output, npz_writer, prepare_output, write_npz
 
 #: Rows per chunk when encoding/decoding. Small chunks keep the activations in cache and let the allocator

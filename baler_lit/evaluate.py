@@ -195,12 +195,109 @@ def _named(names: list[str]) -> bool:
 
 
 # -- figures -----------------------------------------------------------------------------------------------
+#: A histogram panel whose fullest bin holds at least this share of the values is a spike: drawn on a log y axis
+#: (the panel says so), so the other values stay visible beside it.
+SPIKE_SHARE = 0.5
+#: The response histograms span the central values: |response| up to this percentile of the nonzero ones; the
+#: values beyond are counted in the panel, never piled into the edge bins.
+RESPONSE_PERCENTILE = 99
+#: The trade-off plot's error axis spans at least this fraction of the error either side of the mean: errors that
+#: differ by less read as one level, not as 7-digit ticks.
+TRADEOFF_MIN_SPAN = 0.02
+
+
+def beyond_whiskers(values: np.ndarray) -> np.ndarray:
+    """Per column of ``values`` ``(n, columns)``: how many values lie beyond the box plot's whiskers (further
+    than 1.5 × the interquartile range from the quartiles, matplotlib's rule), the points a box plot without
+    fliers leaves out."""
+    q1, q3 = np.percentile(values, [25, 75], axis=0)
+    reach = 1.5 * (q3 - q1)
+    return ((values < q1 - reach) | (values > q3 + reach)).sum(axis=0)
+
+
+def histogram_panel(original: np.ndarray, restored: np.ndarray) -> dict[str, Any]:
+    """How one column's before/after histogram is drawn: ``bins`` spanning both the original and the restored
+    values (none falls outside), ``log_y`` where the original is a spike (its fullest bin holds at least
+    :data:`SPIKE_SHARE` of the values), a ``note`` for the panel's title (a constant, a spike's share) and
+    ``ticks`` (the value of a constant column, else None: the axis chooses)."""
+    lo = float(min(original.min(), restored.min()))
+    hi = float(max(original.max(), restored.max()))
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    bins = np.linspace(lo, hi, HIST_BINS + 1)
+    counts, _ = np.histogram(original, bins=bins)
+    share = counts.max() / original.size
+    if original.min() == original.max():  # one bar however drawn: a log axis adds nothing
+        return {"bins": bins, "log_y": False, "note": f"constant {original[0]:.6g}", "ticks": [float(original[0])]}
+    if share >= SPIKE_SHARE:
+        fullest = int(counts.argmax())
+        note = f"{100 * share:.3g}% in [{bins[fullest]:.3g}, {bins[fullest + 1]:.3g}], log y"
+        return {"bins": bins, "log_y": True, "note": note, "ticks": None}
+    return {"bins": bins, "log_y": False, "note": None, "ticks": None}
+
+
+def response_histogram(response: np.ndarray) -> dict[str, Any]:
+    """The response histogram of one column: ``counts`` over ``edges`` spanning ±``limit`` (the
+    :data:`RESPONSE_PERCENTILE` th percentile of the nonzero |response|), and how many values lie ``below`` and
+    ``above`` it (counted apart, not piled into the edge bins)."""
+    nonzero = np.abs(response[response != 0])  # exactly restored integers would shrink the range to nothing
+    limit = float(np.percentile(nonzero, RESPONSE_PERCENTILE)) if nonzero.size else 1.0
+    edges = np.linspace(-limit, limit, HIST_BINS + 1)
+    counts, _ = np.histogram(response[np.abs(response) <= limit], bins=edges)
+    return {"counts": counts, "edges": edges, "limit": limit,
+            "below": int((response < -limit).sum()), "above": int((response > limit).sum())}
+
+
+def tradeoff_points(trade: list[dict[str, Any]], tolerance: float = 1e-3) -> list[tuple[float, float, str]]:
+    """``(ratio, error, label)`` per distinct point of the trade-off: dtypes whose ratio and error agree to
+    ``tolerance`` (relative) share one point and one label (``"float16, bfloat16"``), so no two labels collide."""
+    points: list[list] = []
+    for t in trade:
+        for point in points:
+            if np.isclose(point[0], t["ratio"], rtol=tolerance) and np.isclose(point[1], t["mean_norm_rms"],
+                                                                                rtol=tolerance):
+                point[2].append(t["latent_dtype"])
+                break
+        else:
+            points.append([t["ratio"], t["mean_norm_rms"], [t["latent_dtype"]]])
+    return [(ratio, error, ", ".join(names)) for ratio, error, names in points]
+
+
+def _tradeoff_figure(trade: list[dict[str, Any]]):
+    """Compression ratio vs error, one labelled point per distinct (ratio, error); plain tick labels."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    points = tradeoff_points(trade)
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ordered = sorted(points)  # by compression ratio: the line joins the dtypes left to right
+    ax.plot([p[0] for p in ordered], [p[1] for p in ordered], "o-")
+    for ratio, error, label in points:
+        ax.annotate(label, (ratio, error), xytext=(5, 5), textcoords="offset points", fontsize=8)
+    errors = [p[1] for p in points]
+    middle, half = 0.5 * (max(errors) + min(errors)), 0.5 * (max(errors) - min(errors))
+    span = max(half * 1.3, TRADEOFF_MIN_SPAN * abs(middle)) or 1.0
+    ax.set_ylim(middle - span, middle + span)
+    ax.margins(x=0.15)
+    for axis in (ax.xaxis, ax.yaxis):
+        formatter = ScalarFormatter(useOffset=False)
+        formatter.set_scientific(False)
+        axis.set_major_formatter(formatter)
+    ax.set_xlabel("compression ratio (original bytes / file bytes)")
+    ax.set_ylabel("mean normalised RMS error")
+    same = half <= TRADEOFF_MIN_SPAN * abs(middle)
+    ax.set_title("Ratio / error trade-off (latent dtype)" + ("\nerrors within 2 % of each other" if same else ""),
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | None) -> dict[str, Any]:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
 
     x, names, _ = _columns(original)
     y, _, _ = _columns(restored)
@@ -208,13 +305,19 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
     resid_norm = (y - x) / np.where(span > 0, span, 1.0)
     figs: dict[str, Any] = {}
 
-    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.3 * len(names) + 1)))
-    ax.boxplot(resid_norm, orientation="horizontal", showfliers=False)
-    ax.set_yticks(range(1, len(names) + 1), names, fontsize=7)
+    hidden = beyond_whiskers(resid_norm)
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.3 * len(names) + 1.4)))
+    ax.boxplot(resid_norm, orientation="horizontal", showfliers=False)  # thousands of fliers: slow and unreadable
+    rows = np.arange(1, len(names) + 1)
+    ax.plot(resid_norm.min(axis=0), rows, "x", color="grey", ms=4, label="smallest / largest")
+    ax.plot(resid_norm.max(axis=0), rows, "x", color="grey", ms=4)
+    ax.set_yticks(rows, [f"{n} ({k} beyond)" if k else n for n, k in zip(names, hidden)], fontsize=7)
     ax.invert_yaxis()  # first column on top
     ax.axvline(0.0, color="grey", lw=0.8)
     ax.set_xlabel("residual / column range (restored − original)")
-    ax.set_title("Residuals per column")
+    ax.set_title(f"Residuals per column: box = quartiles, whiskers = 1.5 × IQR; {int(hidden.sum())} value(s) "
+                 "beyond the\nwhiskers not drawn one by one (count per column in brackets), × = smallest and largest",
+                 fontsize=9)
     fig.tight_layout()
     figs["residual_boxplot"] = fig
 
@@ -224,7 +327,7 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
         nrows = math.ceil(n / ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.0 * nrows), squeeze=False)
         # fixed margins: tight_layout over dozens of axes costs seconds
-        fig.subplots_adjust(left=0.05, right=0.98, bottom=0.05, top=1 - 0.7 / (2.0 * nrows), hspace=0.5, wspace=0.35)
+        fig.subplots_adjust(left=0.05, right=0.98, bottom=0.05, top=1 - 1.0 / (2.0 * nrows), hspace=0.75, wspace=0.35)
         for ax in axes.flat[n:]:
             ax.set_visible(False)
         for ax in axes.flat[:n]:
@@ -235,31 +338,45 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
         fig.suptitle(title)
         return fig, axes.flat
 
-    fig, axes = grid("Before (original) / after (restored)")
+    def log_counts(ax) -> None:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(numticks=3))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(axis="y", which="both", labelsize=6, left=True, labelleft=True)
+
+    fig, axes = grid("Before (original) / after (restored); count axis linear unless the panel says log y")
     for j, ax in enumerate(axes):
         if j >= len(names):
             break
-        lo, hi = x[:, j].min(), x[:, j].max()
-        bins = np.linspace(lo, hi if hi > lo else lo + 1.0, HIST_BINS + 1)
-        ax.hist(x[:, j], bins=bins, histtype="step", label="original")
-        ax.hist(y[:, j], bins=bins, histtype="step", label="restored")
-        ax.set_title(names[j], fontsize=7)
+        panel = histogram_panel(x[:, j], y[:, j])
+        ax.hist(x[:, j], bins=panel["bins"], histtype="step", label="original")
+        ax.hist(y[:, j], bins=panel["bins"], histtype="step", label="restored")
+        if panel["log_y"]:
+            log_counts(ax)
+        if panel["ticks"] is not None:
+            ax.set_xticks(panel["ticks"], [f"{t:.6g}" for t in panel["ticks"]])
+        ax.set_title(names[j] + (f"\n({panel['note']})" if panel["note"] else ""), fontsize=7)
     axes[0].legend(fontsize=6)
     figs["histograms"] = fig
 
-    fig, axes = grid("Response (restored − original) / original")
+    fig, axes = grid(f"Response (restored − original) / original, log count; values beyond the "
+                     f"{RESPONSE_PERCENTILE}th percentile of |response| counted, not drawn")
     for j, ax in enumerate(axes):
         if j >= len(names):
             break
         nz = x[:, j] != 0
         resp = (y[nz, j] - x[nz, j]) / x[nz, j]
+        title = names[j]
         if resp.size:
-            nonzero = np.abs(resp[resp != 0])  # exactly restored integers would shrink the range to nothing
-            lim = float(np.percentile(nonzero, 99)) if nonzero.size else 1.0
-            ax.hist(np.clip(resp, -lim, lim), bins=HIST_BINS, histtype="stepfilled", alpha=0.7)
-            ax.set_yscale("log")  # shows the few off-zero entries next to the exact ones
-            ax.tick_params(axis="y", which="both", left=False, labelleft=False)
-        ax.set_title(names[j], fontsize=7)
+            hist = response_histogram(resp)
+            ax.stairs(hist["counts"], hist["edges"], fill=True, alpha=0.7)
+            log_counts(ax)
+            beyond = hist["below"] + hist["above"]
+            if beyond:
+                title += f"\n({beyond} beyond ±{hist['limit']:.3g} not shown)"
+        else:
+            title += "\n(no nonzero original)"
+        ax.set_title(title, fontsize=7)
     figs["response"] = fig
 
     if original.is_frames:
@@ -276,15 +393,7 @@ def _figures(original: Table, restored: Table, trade: list[dict[str, Any]] | Non
 
     trade = [t for t in trade or [] if t["mean_norm_rms"] is not None]
     if trade:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot([t["ratio"] for t in trade], [t["mean_norm_rms"] for t in trade], "o-")
-        for t in trade:
-            ax.annotate(t["latent_dtype"], (t["ratio"], t["mean_norm_rms"]), fontsize=8)
-        ax.set_xlabel("compression ratio (original bytes / file bytes)")
-        ax.set_ylabel("mean normalised RMS error")
-        ax.set_title("Ratio / error trade-off (latent dtype)")
-        fig.tight_layout()
-        figs["tradeoff"] = fig
+        figs["tradeoff"] = _tradeoff_figure(trade)
     return figs
 
 

@@ -4,9 +4,10 @@ Baler ships a CFD example (``CFD_animation.npz``: 60 frames of a 50×50 float64 
 frame). It is not part of this repository; :func:`find_example` looks for the file, in order, in
 ``$BALER_LIT_DATA``, in ``../shared/data`` beside the repository root (where a checkout next to the Baler
 data keeps it) and in ``../shared/data`` / ``data`` below the working directory. When none has it,
-:func:`load_example` generates an equivalent synthetic field (same shape, dtype and value range: a smooth
+:func:`stand_in` generates an equivalent synthetic field (same shape, dtype and value range: a smooth
 periodic flow pattern drifting frame by frame) and warns once, naming the places it searched, so a
-config that needs the example still runs, and says that it ran on stand-in data.
+config that needs the example still runs, and says that it ran on stand-in data. The file found is read
+by :func:`baler_lit.sources.load_example` (this module reads no file: the readers are above it).
 """
 
 from __future__ import annotations
@@ -69,19 +70,19 @@ def synthetic_cfd(frames: int = 60, seed: int = 0) -> np.ndarray:
     return low + (high - low) * field
 
 
-def load_example(path: str, seed: int = 0) -> Table:
-    """The example named by ``example:<name>``: Baler's file where found, else the synthetic stand-in (warned)."""
-    from .sources import load_npz
-
+def example_name(path: str) -> str:
+    """The name in ``example:<name>``, checked against :data:`EXAMPLES`."""
     name = path[len(PREFIX):]
     if name not in EXAMPLES:
         raise BalerInputError(f"unknown example {name!r}; known: {', '.join(EXAMPLES)}")
-    found = find_example(name)
-    if found is not None:
-        return load_npz(found)
+    return name
+
+
+def stand_in(name: str, seed: int = 0) -> Table:
+    """The synthetic stand-in for example ``name`` (Baler's file was not found), with a warning that says so."""
     searched = ", ".join(str(d) for d in search_dirs())
     warnings.warn(
         f"baler-lit: Baler's {name}.npz not found (searched {searched}; set ${ENV_DIR} to its folder): training "
         f"on a synthetic CFD-like stand-in of the same shape ({EXAMPLES[name]}×{FRAME[0]}×{FRAME[1]}), "
-        "not Baler's data", UserWarning, stacklevel=2)
+        "not Baler's data", UserWarning, stacklevel=3)
     return Table(synthetic_cfd(EXAMPLES[name], seed), names=[], dtypes=[], source=f"synthetic stand-in for {name}")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import BalerInputError
+from .errors import BalerInputError, existing_file
 from .table import Table, check_finite, column_dtype_names, dtypes_from_whole, whole_number_columns
 
 #: Rows read per block when the caller states no block size (bounded further by :data:`BLOCK_VALUES`).
@@ -310,7 +310,7 @@ class RootRows(RowSource):
     one row per entry, jagged branches of one collection one row per object (as :func:`load_root`)."""
 
     def __init__(self, path: Path, tree: str | None, branches, prefix: str | None) -> None:
-        from .sources import open_root, select_branches
+        from .root_files import open_root, select_branches
 
         self.path = path
         self.source = str(path)
@@ -340,7 +340,7 @@ class RootRows(RowSource):
         ``entry_start``/``entry_stop``)."""
         import awkward as ak
 
-        from .sources import root_columns
+        from .root_files import root_columns
 
         try:
             for arrays in ttree.iterate(self.branches, step_size=ROOT_STEP, library="ak", **entries):
@@ -353,7 +353,7 @@ class RootRows(RowSource):
             raise BalerInputError(f"cannot read branches from {self.path}: {exc}") from None
 
     def _raw_blocks(self, rows: int, **entries) -> Iterator[tuple[int, np.ndarray]]:
-        from .sources import open_root
+        from .root_files import open_root
 
         start = 0
         with open_root(self.path) as rootfile:
@@ -416,13 +416,17 @@ def open_rows(
     root_prefix: str | None = None,
 ) -> RowSource:
     """A row source for ``path``: ``.npy``, ``.npz`` and ``.root`` stream (see the module docstring);
-    ``example:`` names are read into memory by :func:`~baler_lit.sources.load_table`."""
-    from .sources import existing_file, load_table
+    ``example:<name>`` is Baler's file where :func:`~baler_lit.examples.find_example` finds it, else its
+    synthetic stand-in (warned), in memory."""
+    from . import examples
 
-    suffix = Path(path).suffix.lower()
-    if str(path).startswith("example:") or suffix not in (".npy", ".npz", ".root"):
-        return TableRows(load_table(path, npz_key, root_tree, root_branches, root_prefix))
+    if examples.is_example(path):
+        found = examples.find_example(examples.example_name(str(path)))
+        return open_npz(found, npz_key) if found is not None else TableRows(examples.stand_in(examples.example_name(str(path))))
     p = existing_file(path)
+    suffix = p.suffix.lower()
+    if suffix not in (".npy", ".npz", ".root"):
+        raise BalerInputError(f"input {p}: unsupported format {suffix or '(no suffix)'!r}; use .npz or .root")
     if suffix == ".root":
         return RootRows(p, root_tree, root_branches, root_prefix)
     if suffix == ".npy":

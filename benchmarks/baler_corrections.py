@@ -88,7 +88,7 @@ def original_side(original: Original, data: Path, x: np.ndarray, epochs: int, bo
 
 
 def ours_side(data: Path, x: np.ndarray, epochs: int, bound: float, tmp: Path) -> dict:
-    from baler_lit.cli import _adopt_training_dtypes, load_checkpoint
+    from baler_lit.checkpoint import adopt_training_dtypes, load_checkpoint
     from baler_lit.compression import compress, decompress
     from baler_lit.error_bound import ErrorBound
     from baler_lit.row_source import open_rows
@@ -102,7 +102,7 @@ def ours_side(data: Path, x: np.ndarray, epochs: int, bound: float, tmp: Path) -
     rows = {}
     for name, error_bound in (("plain", None), ("bounded", ErrorBound(relative=bound))):
         source = open_rows(data)
-        _adopt_training_dtypes(source, trained.column_dtypes)
+        adopt_training_dtypes(source, trained.column_dtypes)
         result = compress(trained.model, trained.normalizer, source, tmp / f"{name}.baler",
                           error_bound=error_bound)  # fmt: skip
         restored = decompress(tmp / f"{name}.baler").data

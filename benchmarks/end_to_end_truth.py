@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import logging
@@ -200,22 +201,26 @@ def fake_time(sampler: DrivenSampler, marks) -> Any:
     """Point the product at the fake sampler and mark clock for the duration.
 
     Seams used (no product code is edited): the process-wide sampler (``sampler._SHARED``, read by
-    ``get_sampler``) and the session's ``Meter`` constructor, which gets ``marks`` as its clock. A product
+    ``get_sampler``) and the run session's ``Meter`` constructor, which gets ``marks`` as its clock. A product
     seam for this would be a ``clock`` argument of ``TrainerSession``/``attach`` (or a settable
     ``session.clock_factory``).
     """
+    # the module whose session builds the Meter: the core's run session (the Trainer's session before the
+    # core existed: the same benchmark then runs on the code before and after that refactor)
+    meter_home = (product_session if hasattr(product_session, "Meter")
+                  else importlib.import_module("lightning_energy.core.run"))
     saved_shared = product_sampler._SHARED
     saved_get = product_session.get_sampler
-    saved_meter = product_session.Meter
+    saved_meter = meter_home.Meter
     product_sampler._SHARED = sampler
     product_session.get_sampler = lambda: sampler
-    product_session.Meter = lambda s, names, clock=None, *a, **k: Meter(s, names, marks, *a, **k)
+    meter_home.Meter = lambda s, names, clock=None, *a, **k: Meter(s, names, marks, *a, **k)
     try:
         yield
     finally:
         product_sampler._SHARED = saved_shared
         product_session.get_sampler = saved_get
-        product_session.Meter = saved_meter
+        meter_home.Meter = saved_meter
 
 
 # ------------------------------------------------------------------------------------------- hardware
@@ -543,7 +548,7 @@ def whole_suite(order: str):
                                       EnergyPredictionCheck, FlopsCallback, ForecastCallback)
         from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
         from lightning_energy.catalog import CATALOG_FILE
-        from lightning_energy.testing.gpu_sim import SimulatedGPU
+        from lightning_energy.simulate.gpu_sim import SimulatedGPU
 
         a, b = hw.sensors
         energy = EnergyCallback(sensors=[a], verbose=False, write_trace=False)

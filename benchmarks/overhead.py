@@ -35,6 +35,11 @@ A second part trains ``--epochs`` epochs of ONE batch each (Baler's CFD example 
 are delivered once the samples cover them, without waiting, and the power figure is drawn off the thread.
 When either goal is not met (``--profile auto``), one extra fit profiles the callback's hooks with cProfile.
 
+A third part (``--front-end-reps``) trains the same model on the same batches with hand-written loops, plain
+PyTorch and Lightning Fabric, each bare and with our front end (``EnergyMeter`` / ``EnergyMonitor(fabric)``,
+default sensors, a TensorBoard writer, logging every 50 steps as the Trainer does), interleaved, and reports
+each front end's own time in ``step()`` per step beside the Trainer callback's hook time (goal: no more).
+
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/overhead.py [--reps 5] [--steps 400]``.
 Writes ``benchmarks/results/overhead.json`` (raw per-repetition numbers, medians, ratios, goals, machine).
 """
@@ -347,6 +352,109 @@ def fit_once(config: str, steps: int, batches: Batches, tools: dict[str, Any],
     return result
 
 
+# ------------------------------------------------------------------------------------------ front ends
+FRONT_ENDS = ("plain_loop", "plain_meter", "fabric_loop", "fabric_monitor")
+LOG_EVERY_N_STEPS = 50  # the Trainer's log_every_n_steps in fit_once: the loops log as often
+
+
+def loop_once(front_end: str, steps: int, batches: Batches) -> dict[str, Any]:
+    """The same model and batches as ``fit_once``, trained by a hand-written loop (plain PyTorch, or under
+    Lightning Fabric), bare or with our front end (``EnergyMeter`` / ``EnergyMonitor(fabric)``, default
+    sensors, a TensorBoard writer, logging every ``LOG_EVERY_N_STEPS`` steps as the Trainer does). Step
+    times in s between consecutive steps' starts; the front end's own time in ``step()``, us per step."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.loggers import TensorBoardLogger as FabricTensorBoardLogger
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lightning_energy import EnergyMeter, EnergyMonitor
+
+    torch.manual_seed(0)
+    net = TinyMLP().net
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    with tempfile.TemporaryDirectory(prefix="le_overhead_loop_") as tmp:
+        fabric = meter = writer = None
+        if front_end.startswith("fabric"):
+            fabric = Fabric(accelerator="cpu", devices=1, loggers=FabricTensorBoardLogger(tmp, name="bench"))
+            net, optimizer = fabric.setup(net, optimizer)
+        if front_end == "plain_meter":
+            writer = SummaryWriter(tmp)
+            meter = EnergyMeter(log_dir=tmp, writer=writer, verbose=False).start()
+        elif front_end == "fabric_monitor":
+            meter = EnergyMonitor(fabric, verbose=False).start()
+        marks, own_ns, own_cpu_ns = [], [], []
+        for i, (x, y) in enumerate(batches):
+            marks.append(time.perf_counter_ns())
+            loss = nn.functional.cross_entropy(net(x), y)
+            optimizer.zero_grad()
+            if fabric is not None:
+                fabric.backward(loss)
+            else:
+                loss.backward()
+            optimizer.step()
+            if meter is not None:
+                c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+                meter.step(log=(i + 1) % LOG_EVERY_N_STEPS == 0)
+                t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+                own_ns.append(t1 - t0)
+                own_cpu_ns.append(c1 - c0)
+        marks.append(time.perf_counter_ns())
+        if meter is not None:
+            meter.stop()
+        if writer is not None:
+            writer.close()
+    steps_s = [(b - a) * 1e-9 for a, b in zip(marks[WARMUP_STEPS:], marks[WARMUP_STEPS + 1:])]
+    result: dict[str, Any] = {"median_step_ms": statistics.median(steps_s) * 1e3}
+    if own_ns:
+        us = [ns * 1e-3 for ns in own_ns[WARMUP_STEPS:]]
+        result["front_end_us_per_step"] = {"mean": statistics.fmean(us), "median": statistics.median(us),
+                                           "cpu_mean": statistics.fmean(ns * 1e-3 for ns in own_cpu_ns[WARMUP_STEPS:])}
+    return result
+
+
+def run_front_end_benchmark(reps: int, steps: int) -> dict[str, Any]:
+    """Each front end's own time on the training thread per step, interleaved (rotated order) with its bare
+    loop; per front end the medians over repetitions, and the step-time ratio to the bare loop of the same
+    repetition."""
+    batches = make_batches(steps)
+    for front_end in FRONT_ENDS:  # warm-up round, not recorded
+        loop_once(front_end, 2 * WARMUP_STEPS + 10, Batches(batches.batches[:2 * WARMUP_STEPS + 10]))
+    raw: dict[str, list[dict[str, Any]]] = {f: [] for f in FRONT_ENDS}
+    for rep in range(reps):
+        for front_end in rotated(list(FRONT_ENDS), rep):
+            raw[front_end].append({"rep": rep, **loop_once(front_end, steps, batches)})
+        print(f"  rep {rep + 1}/{reps}: " + ", ".join(
+            f"{f} {raw[f][-1].get('front_end_us_per_step', {}).get('mean', 0.0):.1f} us"
+            for f in ("plain_meter", "fabric_monitor")), flush=True)
+    summary = {}
+    for front_end, bare in (("plain_meter", "plain_loop"), ("fabric_monitor", "fabric_loop")):
+        entries, base = raw[front_end], {e["rep"]: e for e in raw[bare]}
+        summary[front_end] = {
+            "us_per_step_mean": statistics.median(e["front_end_us_per_step"]["mean"] for e in entries),
+            "us_per_step_median": statistics.median(e["front_end_us_per_step"]["median"] for e in entries),
+            "cpu_us_per_step_mean": statistics.median(e["front_end_us_per_step"]["cpu_mean"] for e in entries),
+            "step_ratio_vs_bare_loop": statistics.median(e["median_step_ms"] / base[e["rep"]]["median_step_ms"]
+                                                         for e in entries),
+            "bare_loop_median_step_ms": statistics.median(e["median_step_ms"] for e in raw[bare]),
+        }
+    return {"raw": raw, "summary": summary}
+
+
+def format_front_end_table(front_ends: dict[str, Any], trainer: dict[str, Any]) -> str:
+    rows = [("Trainer + EnergyCallback (hooks)", trainer["callback_us_per_step"],
+             trainer["callback_us_per_step_median_step"], trainer["callback_cpu_us_per_step"],
+             trainer["ratio_vs_plain"], "Trainer, no callback")]
+    for name, label, bare in (("plain_meter", "plain loop + EnergyMeter.step()", "plain loop"),
+                              ("fabric_monitor", "Fabric loop + EnergyMonitor.step()", "Fabric loop")):
+        s = front_ends["summary"][name]
+        rows.append((label, s["us_per_step_mean"], s["us_per_step_median"], s["cpu_us_per_step_mean"],
+                     s["step_ratio_vs_bare_loop"], bare))
+    lines = [f"{'front end':<36} {'us/step':>8} {'(median)':>9} {'(CPU)':>7} {'step ratio':>11}  vs",
+             "-" * 90]
+    lines += [f"{a:<36} {b:>8.1f} {c:>9.1f} {d:>7.1f} {e:>11.4f}  {f}" for a, b, c, d, e, f in rows]
+    lines.append("any process (lightning-energy monitor)       0: nothing of ours runs in the measured process")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------ the run
 def rotated(configs: list[str], rep: int) -> list[str]:
     """The configuration order of repetition ``rep``: rotated by one each repetition."""
@@ -575,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2000,
                         help="one-batch epochs per fit in the epoch-end benchmark (default 2000; 0 skips it)")
     parser.add_argument("--epoch-reps", type=int, default=3, help="repetitions of the epoch-end benchmark")
+    parser.add_argument("--front-end-reps", type=int, default=5,
+                        help="repetitions of the front-end comparison (plain PyTorch, Fabric; 0 skips it)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON output path")
     parser.add_argument("--profile", choices=("auto", "always", "never"), default="auto",
                         help="cProfile EnergyCallback's hooks in one extra fit (auto: if either goal is not met)")
@@ -639,6 +749,18 @@ def main(argv: list[str] | None = None) -> int:
             g = goals[name]
             print(f"goal {name}: {g['measured']:.4g} <= {g['goal_max']:g}: {'met' if g['met'] else 'NOT met'}")
 
+    front_ends = None
+    if args.front_end_reps > 0:
+        print(f"\nfront ends: {args.front_end_reps} reps x {len(FRONT_ENDS)} loops x {args.steps} steps", flush=True)
+        front_ends = run_front_end_benchmark(args.front_end_reps, args.steps)
+        print(format_front_end_table(front_ends, energy))
+        worst = max(s["us_per_step_mean"] for s in front_ends["summary"].values())
+        goals["front_end_us_per_step"] = {"goal_max": energy["callback_us_per_step"], "measured": worst,
+                                          "met": worst <= energy["callback_us_per_step"]}
+        g = goals["front_end_us_per_step"]
+        print(f"goal front_end_us_per_step (each <= the Trainer callback's): {g['measured']:.4g} <= "
+              f"{g['goal_max']:.4g}: {'met' if g['met'] else 'NOT met'}")
+
     profile = None
     if args.profile == "always" or (args.profile == "auto" and not all(g["met"] for g in goals.values())):
         profile = profile_energy_hooks(args.steps, tools)
@@ -663,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "overhead_split": split,
         "one_batch_epochs": epochs,
+        "front_ends": front_ends,
         "raw": raw,
         "notes": notes,
         "machine": {**machine_info(), "loadavg_1_5_15min_start": load_start,

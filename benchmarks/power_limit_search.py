@@ -1,7 +1,7 @@
 """Power-limit search on curves it was not tuned to: success and profiling steps per curve family and selector.
 
 Curve families (``FAMILIES``), each on three simulated cards (V100 150-300 W as in the power-limit study,
-A100 100-400 W, H100 200-700 W; ``lightning_energy.testing.gpu_sim``): the quadratic V100-study shape, an
+A100 100-400 W, H100 200-700 W; ``lightning_energy.simulate.gpu_sim``): the quadratic V100-study shape, an
 interior energy optimum (the range reaches below the voltage floor), a voltage-floor kink, a memory-bound
 (flat) step, a step that never reaches the upper limits (flat top), a cliff (a clock floor below which the
 card throttles hard), discrete clock-bin plateaus, and a host-bound step (the card idles 40 % of a step).
@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightning_energy.testing.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
 from lightning_energy.optimize.power_limit.search import (  # noqa: E402
     AdaptiveSearch,

@@ -44,7 +44,7 @@ from lightning_energy.callbacks.carbon import CarbonCallback  # noqa: E402
 from lightning_energy.callbacks.catalog import CatalogCallback  # noqa: E402
 from lightning_energy.callbacks.forecast import ForecastCallback  # noqa: E402
 from lightning_energy.cli.main import main  # noqa: E402
-from lightning_energy.testing.example_model import TinyAutoencoder  # noqa: E402
+from lightning_energy.simulate.example_model import TinyAutoencoder  # noqa: E402
 from lightning_energy.io import atomic_write_json  # noqa: E402
 from lightning_energy.sweep.runner import quiet_lightning  # noqa: E402
 

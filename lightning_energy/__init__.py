@@ -11,10 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from lightning_energy import _moved
 from lightning_energy.lazy import lazy_names
-
-_moved.install()  # old module paths (before the layout of issue 19): deprecated aliases
 
 # The library's messages go to the "lightning_energy" loggers at INFO, shown on stderr the way Lightning
 # shows its own (lightning/pytorch/__init__.py, the same rule): a handler of their own only where the root
@@ -41,8 +38,10 @@ _PUBLIC: dict[str, str] = {
     "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.zeus_batch_size",
     "EnergyToAccuracy": "lightning_energy.callbacks.energy_to_accuracy",
     "CompileModel": "lightning_energy.callbacks.compile_model",
+    "EnergyMeter": "lightning_energy.plain",
+    "EnergyMonitor": "lightning_energy.fabric",
     "Sensor": "lightning_energy.measure.sensors.base",
-    "SimulatedSensor": "lightning_energy.testing.simulated_sensor",
+    "SimulatedSensor": "lightning_energy.simulate.simulated_sensor",
     "CpuEstimateSensor": "lightning_energy.measure.sensors.cpu_model",
     "NvmlGpuSensor": "lightning_energy.measure.sensors.nvml",
     "RaplSensor": "lightning_energy.measure.sensors.rapl",
@@ -75,9 +74,11 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
     from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck
     from lightning_energy.callbacks.profiler import EnergyProfiler
     from lightning_energy.carbon import intensity_from_mix
+    from lightning_energy.fabric import EnergyMonitor
+    from lightning_energy.plain import EnergyMeter
     from lightning_energy.measure.meter import Measurement, Meter
     from lightning_energy.integration.precision_plugin import SwitchablePrecision
     from lightning_energy.predict.pre_run import estimate_energy
     from lightning_energy.measure.sampler import Sampler, get_sampler
     from lightning_energy.measure.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor
-    from lightning_energy.testing.simulated_sensor import SimulatedSensor
+    from lightning_energy.simulate.simulated_sensor import SimulatedSensor

@@ -5,7 +5,8 @@ folder (:func:`tempfile.mkstemp`), written, flushed and ``fsync``-ed (a full dis
 there), given the target's mode (an existing file's, else ``0o666`` less the umask) and renamed over
 the target; on any failure it is removed and the target is left as it was.
 
-Also :func:`read_yaml_config`: a config file read with a size bound and one-line errors.
+Also :func:`read_yaml_config`: a config file read with a size bound and one-line errors, and
+:func:`describe_error`: an exception as one short line, for every output problem the package reports.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ import stat
 import tempfile
 from pathlib import Path
 
-from lightning_energy.outputs.worker import describe_error
-
 # fsync errors that only say the file system cannot sync (e.g. some network or virtual file systems)
 _FSYNC_UNSUPPORTED = {errno.EINVAL, getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+
+
+def describe_error(err: BaseException) -> str:
+    """``err`` as one short line: ``OSError: [Errno 28] No space left on device: 'path'``."""
+    text = " ".join(str(err).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def fsync(fd: int) -> None:

@@ -36,6 +36,10 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
   module in ``NVML_POWER_SCOPE_MODULE`` (unless ``has_module_power_fields`` is False: "not supported"), the
   GPU alone in ``NVML_POWER_SCOPE_GPU``. Every (field, scope)
   asked of ``nvmlDeviceGetFieldValues`` is recorded in ``FakeNvml.fields_asked``.
+- ``nvmlDeviceGetComputeRunningProcesses``: the processes holding a CUDA context on the GPU
+  (``FakeGpu.compute_pids``, which the test changes at will), as ``c_nvmlProcessInfo_v3_t``-like objects
+  (``pid``, ``usedGpuMemory`` in bytes, ``gpuInstanceId``/``computeInstanceId``); ``[]`` when there are none,
+  as pynvml returns. PIDs are as the driver sees them (the host's PID namespace).
 - Any call can take time (``latency_s``: advances the fake clock), be held until released
   (:meth:`FakeNvml.block`), or fail with an NVML error code (:meth:`FakeNvml.fail`).
 
@@ -204,6 +208,7 @@ class FakeGpu:
     grace_W: float = 0.0  # in C2C mode: the Grace CPU and its memory, counted in the module's energy
     has_module_power_fields: bool = True  # in C2C mode: the power fields answer NVML_POWER_SCOPE_MODULE
     has_pcie_counters: bool = False
+    compute_pids: list = field(default_factory=list)  # processes with a CUDA context on the GPU (host PIDs)
     power_W: float = 100.0
     utilisation_pct: tuple[int, int] = (97, 40)  # (gpu, memory)
     clocks_MHz: tuple[int, int] = (1980, 2619)  # (SM, memory)
@@ -561,6 +566,14 @@ class FakeNvml:
     def nvmlDeviceGetTemperature(self, handle, sensor):
         self._enter("nvmlDeviceGetTemperature")
         return self._gpu_of(handle)[1].temperature_C
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        """The compute processes on the GPU: objects with pynvml's ``c_nvmlProcessInfo_v3_t`` fields (``pid``,
+        ``usedGpuMemory`` in bytes, ``gpuInstanceId``, ``computeInstanceId``: 0xFFFFFFFF outside MIG)."""
+        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        gpu = self._gpu_of(handle)[1]
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=512 * 2**20, gpuInstanceId=0xFFFFFFFF,
+                                      computeInstanceId=0xFFFFFFFF) for pid in list(gpu.compute_pids)]
 
     def nvmlDeviceGetPcieThroughput(self, device, counter):
         """KB/s over the last 20 ms (the real call blocks that long: set ``latency_s`` to model it)."""

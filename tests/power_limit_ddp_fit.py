@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lightning as L  # noqa: E402
 
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer  # noqa: E402
-from lightning_energy.testing.gpu_sim import COMPUTE_BOUND, MEMORY_BOUND, SimulatedGPU, SimulatedWorkload  # noqa: E402
+from lightning_energy.simulate.gpu_sim import COMPUTE_BOUND, MEMORY_BOUND, SimulatedGPU, SimulatedWorkload  # noqa: E402
 from lightning_energy.optimize.power_limit.search import (  # noqa: E402
     AdaptiveSearch,
     LimitProfile,

@@ -73,7 +73,9 @@ def install_fake_time(setattr) -> SamplingClock:
     sampler = ThreadlessSampler(clock=clock)
     clock.sampler = sampler
     setattr(integration_session, "get_sampler", lambda: sampler)
-    setattr(integration_session, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
+    from lightning_energy.core import run as core_run
+
+    setattr(core_run, "Meter", lambda s, names, c=None: Meter(s, names, FakeHostClock(clock)))
     return clock
 
 

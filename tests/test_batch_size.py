@@ -13,7 +13,7 @@ from torch import nn
 
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.batch_size import BatchSizeSearch
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import RecordingLogger, install_fake_time
 from precision_helpers import ClockedEnergyCounter
 
@@ -308,7 +308,7 @@ def test_batch_length_counts_samples_as_lightning_logs_them():
 
     from lightning.pytorch.utilities.data import extract_batch_size
 
-    from lightning_energy.optimize.batch_size import batch_length
+    from lightning_energy.integration.lightning_internals import first_batch_size as batch_length
 
     @dataclass
     class Batch:

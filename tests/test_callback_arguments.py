@@ -39,6 +39,9 @@ def refused(callback, kwargs: dict, error: type[Exception], match: str) -> None:
     (dict(interval_s=0), ValueError, "interval_s"),
     (dict(interval_s="fast"), ValueError, "interval_s"),
     (dict(verbose="yes"), TypeError, "verbose"),
+    (dict(telemetry="on"), TypeError, "telemetry"),
+    (dict(power_figure_budget=2), ValueError, "figure_budget"),
+    (dict(power_figure_budget=True), ValueError, "figure_budget"),
 ])
 def test_energy_callback(kwargs, error, match):
     refused(EnergyCallback, kwargs, error, match)

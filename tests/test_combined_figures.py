@@ -142,7 +142,7 @@ def test_every_suite_callback_attached_leaves_the_energy_callbacks_figures_its_o
     EnergyCallback given one 50 W sensor still logs and reports 50 W, and its running total never drops."""
     from lightning_energy import CatalogCallback, ForecastCallback
     from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-    from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+    from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 
     clock = install_fake_time(monkeypatch.setattr)
     gpu = SimulatedGPU(clock=clock)
@@ -192,7 +192,7 @@ def stub_trainer(parameter_devices: list[str]):
 
     module = types.SimpleNamespace(parameters=lambda: iter([on(d) for d in parameter_devices]), buffers=lambda: iter([]))
     return types.SimpleNamespace(strategy=types.SimpleNamespace(root_device=torch.device("cuda", 0)),
-                                 lightning_module=module, world_size=1,
+                                 lightning_module=module, world_size=1, global_rank=0, local_rank=0, current_epoch=0,
                                  fit_loop=types.SimpleNamespace(restarted_mid_epoch=False))
 
 
@@ -302,7 +302,7 @@ def test_a_checkpoint_at_an_epoch_end_holds_only_the_callbacks_own_sensors(tmp_p
 def test_a_sensor_whose_description_raises_still_takes_part_in_the_card_count():
     """Under DDP every rank gathers its sensors' descriptions once: one that raises must not keep a rank from
     the collective (the others would wait for ever)."""
-    from lightning_energy.integration.timeline import _description
+    from lightning_energy.core.timeline import _description
 
     class Broken(SimulatedSensor):
         def describe(self):

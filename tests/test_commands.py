@@ -13,7 +13,7 @@ from conftest import TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.catalog import CATALOG_FILE, Catalog
 from lightning_energy.cli.main import main
-from lightning_energy.testing.gpu_sim import SimulatedGPU
+from lightning_energy.simulate.gpu_sim import SimulatedGPU
 from lightning_energy.sweep.config import SweepConfigError, load_config, parse_config
 from lightning_energy.sweep.runner import GpuPowerLimits, SweepError, run_sweep, sweep_order
 from power_limit_helpers import install_fake_time
@@ -63,7 +63,7 @@ def test_power_plot_marks_every_epoch_start_and_end(tmp_path):
 
 def real_fit(root: Path, batch_size: int, max_epochs: int = 2) -> Path:
     """A real short fit of the tiny autoencoder with EnergyCallback on 120 W device + 30 W host sensors."""
-    from lightning_energy.testing.example_model import TinyAutoencoder
+    from lightning_energy.simulate.example_model import TinyAutoencoder
 
     callback = EnergyCallback(sensors=[SimulatedSensor("device", 120.0), SimulatedSensor("host", 30.0, scope="host")],
                               verbose=False, interval_s=0.005)
@@ -268,7 +268,7 @@ def test_shipped_tiny_sweep_config_is_valid(capsys):
 
 
 BASE_CONFIG = {
-    "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
+    "model": {"class_path": "lightning_energy.simulate.example_model.TinyAutoencoder", "init_args": {"n_train": 128, "n_val": 32}},
     "grid": {"precision": ["32-true"], "batch_size": [32], "power_limit_W": [150, 200, 300]},
     "sensors": {"simulated": {"gpu": {"workload": "compute_bound"}, "host_W": 20}},
     "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "log_every_n_steps": 1},
@@ -277,10 +277,10 @@ BASE_CONFIG = {
 
 @pytest.mark.parametrize("change, match", [
     ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
-    ({"model": {"class_path": "lightning_energy.testing.example_model.Nope"}}, "has no class 'Nope'"),
+    ({"model": {"class_path": "lightning_energy.simulate.example_model.Nope"}}, "has no class 'Nope'"),
     ({"model": {"class_path": "no_such_module.Model"}}, "cannot import 'no_such_module'"),
     ({"model": {"class_path": "conftest.TinyRegressor"}}, "takes no `batch_size`"),
-    ({"model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder", "init_args": {"batch_size": 8}}},
+    ({"model": {"class_path": "lightning_energy.simulate.example_model.TinyAutoencoder", "init_args": {"batch_size": 8}}},
      "set by the grid"),
     ({"sensors": "auto"}, "sets the power limit of real NVIDIA GPUs, but trainer.accelerator is 'cpu'"),
     ({"sensors": {"simulated": {"device_W": 100, "gpu": {}}}}, "remove device_W"),
@@ -323,7 +323,7 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
                                       "carbon": {"intensity_g_per_kWh": 100.0}}))
     code, out, err = run_cli(capsys, "sweep", "--config", config)
     assert code == 0, err
-    assert "CERN est J" in out and "SIMULATED on lightning_energy.testing.gpu_sim's GPU" in out
+    assert "CERN est J" in out and "SIMULATED on lightning_energy.simulate.gpu_sim's GPU" in out
     assert "energies are SIMULATED: SIMULATED sensors follow" in out and " SIMULATED " in out.splitlines()[2]
     results = json.loads((tmp_path / "out" / "sweep_results.json").read_text())
     rows = results["runs"]
@@ -364,14 +364,15 @@ def test_sweep_runs_the_grid_and_its_runs_feed_compare_and_fit(tmp_path, capsys)
                              "--no-plots")
     assert code == 0, err
     fits = json.loads((tmp_path / "fit" / "fit.json").read_text())
-    assert fits["fits"]["energy"]["r2"] == pytest.approx(1.0, abs=1e-9)  # three points: an exact parabola
+    assert fits["fits"]["energy"]["r2"] is None  # three points: an exact parabola, no spare point to test it
+    assert fits["fits"]["energy"]["spare_points"] == 0
 
 
 def test_simulated_power_limits_follow_the_gpu_model(tmp_path, monkeypatch):
     """On fake time every second is a simulated step: time and device energy per step are the model's, exactly."""
     clock = install_fake_time(monkeypatch.setattr)
     config = parse_config({**BASE_CONFIG, "output_dir": str(tmp_path / "out"),
-                           "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder",
+                           "model": {"class_path": "lightning_energy.simulate.example_model.TinyAutoencoder",
                                      "init_args": {"n_train": 512, "n_val": 64}},
                            "grid": {"batch_size": [128], "power_limit_W": [150, 225, 300]}})
     rows = run_sweep(config, sweep_order(config.points(), repetitions=1, seed=0), clock=clock)

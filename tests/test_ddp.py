@@ -11,36 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from ddp_checks import DEVICE_W, HOST_W, check_each_device_per_rank_and_the_host_once, run_two_ranks
+
 HERE = Path(__file__).resolve().parent
-DEVICE_W, HOST_W = 80.0, 25.0  # as in ddp_fit.py
 
 
 @pytest.mark.slow
 def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(HERE / "ddp_fit.py"), str(tmp_path)], capture_output=True, text=True,
-                         env=env, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (report_path,) = tmp_path.rglob("energy_report.json")
-    report = json.loads(report_path.read_text())
-    assert report["world_size"] == 2
-    owners = sorted((s["name"], s["rank"]) for s in report["sensors"])
-    assert owners == [("device", 0), ("device", 1), ("host", 0)]  # host read by local rank 0 only
-    d0, d1 = (r["duration_s"] for r in sorted(report["ranks"], key=lambda r: r["rank"]))
-    assert report["total_J"] == pytest.approx(DEVICE_W * (d0 + d1) + HOST_W * d0, rel=1e-9)
-    # the all-rank training and validation energy once, not once per rank
-    assert report["train_J"] == pytest.approx(sum(e["train_J"] for e in report["epochs"]), rel=1e-9)
-    assert report["validation_J"] == pytest.approx(sum(e["validation_J"] for e in report["epochs"]), rel=1e-9)
-    for epoch in report["epochs"]:
-        per_sensor = epoch["per_sensor_J"]
-        # one common interval on every rank: both devices and rank 0's host over exactly train_s
-        assert per_sensor["device"] == pytest.approx(2 * DEVICE_W * epoch["train_s"], rel=1e-9)
-        assert per_sensor["host"] == pytest.approx(HOST_W * epoch["train_s"], rel=1e-9)
-        assert epoch["power_W"] == pytest.approx(2 * DEVICE_W + HOST_W, rel=1e-9)
-        assert epoch["train_J"] == pytest.approx(per_sensor["device"] + per_sensor["host"], rel=1e-12)
-        assert epoch["steps"] == 2 * 10  # 320 rows / 2 ranks / batch 16, summed over ranks
-        # every step's energy counts in its epoch (both ranks' steps, device and host)
-        assert epoch["steps_J"] > 0
+    report_path, report = run_two_ranks("ddp_fit.py", tmp_path)
+    check_each_device_per_rank_and_the_host_once(report, steps_per_epoch=2 * 10)  # 320 rows / 2 ranks / batch 16
     assert (report_path.parent / "energy_trace.csv").exists()
     assert (report_path.parent / "energy_trace_rank1.csv").exists()
     # energy/total_J is all ranks' and logged at epoch ends only; the step-level figure is rank 0's, by name

@@ -335,7 +335,7 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
     monitor = FakeMonitor()
     sensors = [SimulatedSensor("device", DEVICE_W, kind="energy", clock=clock),
                SimulatedSensor("host", HOST_W, scope="host", kind="energy", clock=clock)]
-    monkeypatch.setattr("lightning_energy.integration.session.zeus_sensors",
+    monkeypatch.setattr("lightning_energy.core.run.zeus_sensors",
                         lambda cuda_index, read_host: (sensors, ZeusBackend(None, False, monitor=monitor)))
 
     callback = EnergyCallback(backend="zeus", verbose=False)

@@ -8,7 +8,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, RecordingLogger, install_fake_time
 
 BATCH = 64  # AccuracyModule's loader batch size here: ROWS / 64 = 16 steps per epoch

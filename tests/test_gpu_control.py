@@ -23,7 +23,7 @@ from fakes_nvml import FakeNvml, h100s
 from lightning_energy.cli import main as cli
 from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import SimModule, install_fake_time, loader
 
 ADMIN_W = 250  # an administrator's limit, not the card's default (300 W)
@@ -144,7 +144,7 @@ import os, signal, sys
 signal.signal(signal.SIGHUP, signal.{disposition})
 sys.path.insert(0, {str(tmp_path.parent)!r})
 from lightning_energy.optimize.power_limit import gpu_control
-from lightning_energy.testing.gpu_sim import SimulatedGPU
+from lightning_energy.simulate.gpu_sim import SimulatedGPU
 gpu = SimulatedGPU(persistence_mode=False)
 gpu.set_power_management_limit({ADMIN_W * 1000})
 controller = gpu_control.LimitController(gpu, "test")

@@ -1,8 +1,14 @@
-"""The package layout's rules, checked by walking every module's imports (ast; nothing is imported).
+"""The package layout's rules, checked by walking every module's imports (ast; nothing is imported), top-level
+imports and those inside functions alike.
 
-measure/ is the bottom layer (no Lightning, nothing of lightning_energy above it); analysis/ is offline and
-never imports a callback; product code never imports the test doubles in lightning_energy.testing; and
-module-level imports form no cycle.
+The foundation modules (``io``, ``units``, ``fitting``, ...) import nothing of lightning_energy; measure/ is the
+bottom layer above them (no Lightning, nothing of lightning_energy above it); core/ (the framework-free measurement
+core) reaches no Lightning, no callback and no Trainer glue (``integration``), however deep it imports; optimize/
+(decisions in plain Python) imports none of the layers above it; callbacks never import each other (their figures
+reach each other through the run's ``Published`` board); analysis/ is offline and never imports a callback; only
+the dry runs (the sweep, ``monitor --sensors simulated:``) import the simulators in lightning_energy.simulate;
+lightning_energy never imports baler_lit; and the imports of the whole tree (lightning_energy and baler_lit) form
+no circle, function-level imports included.
 """
 
 from __future__ import annotations
@@ -12,18 +18,28 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lightning_energy"
-# below or beside measure/: plain helpers with no lightning_energy import of their own
-FOUNDATION = {"lightning_energy.provenance", "lightning_energy.units"}
-# the product modules allowed to reach the simulator: a sweep with `sensors: simulated` is a documented dry run
-SIMULATOR_USERS = {"lightning_energy.sweep.config", "lightning_energy.sweep.runner"}
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "lightning_energy"
+PACKAGES = (PACKAGE, ROOT / "baler_lit")
+# the lowest layer: plain helpers with no lightning_energy import of their own (any layer may use them)
+FOUNDATION = {"lightning_energy.provenance", "lightning_energy.units", "lightning_energy.io",
+              "lightning_energy.fitting", "lightning_energy.filenames"}
+# the product modules allowed to reach the simulators, each a documented dry run: a sweep with `sensors: simulated`,
+# `lightning-energy monitor --sensors simulated:...`
+SIMULATOR_USERS = {"lightning_energy.sweep.config", "lightning_energy.sweep.runner", "lightning_energy.cli.commands.monitor"}
 # the only modules that may reach another package's private names (one function per use, version named)
 PRIVATE_USE_MODULES = {"lightning_energy.integration.lightning_internals",
                        "lightning_energy.measure.zeus_codecarbon_internals"}
+LIGHTNING = ("lightning", "pytorch_lightning", "lightning_fabric")  # torch.distributed is no Lightning
+# what the framework-free core must never reach: the Trainer front end
+TRAINER_FRONT_END = ("lightning_energy.callbacks", "lightning_energy.integration")
+# the layers above optimize/ (decisions in plain Python, tested without a Trainer)
+ABOVE_OPTIMIZE = ("lightning_energy.integration", "lightning_energy.analysis", "lightning_energy.outputs",
+                  "lightning_energy.callbacks", "lightning_energy.cli", "lightning_energy.sweep")
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -65,7 +81,8 @@ def imports_of(source: str, name: str, is_package: bool, known: set[str]) -> lis
 
 
 def _graph() -> dict[str, list[tuple[str, bool]]]:
-    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    """Every module of lightning_energy and baler_lit -> (imported module, at module level)."""
+    paths = {module_name(p): p for package in PACKAGES for p in package.rglob("*.py")}
     known = set(paths)
     return {name: imports_of(path.read_text(), name, path.name == "__init__.py", known)
             for name, path in paths.items()}
@@ -145,15 +162,46 @@ def analysis_violations(graph) -> list[str]:
             for t, _ in targets if _inside(t, "lightning_energy.callbacks")]
 
 
-def doubles_violations(graph) -> list[str]:
+def simulator_violations(graph) -> list[str]:
     return [f"{m} imports {t}" for m, targets in graph.items()
-            if not _inside(m, "lightning_energy.testing") and m not in SIMULATOR_USERS
-            for t, _ in targets if _inside(t, "lightning_energy.testing")]
+            if _inside(m, "lightning_energy") and not _inside(m, "lightning_energy.simulate") and m not in SIMULATOR_USERS
+            for t, _ in targets if _inside(t, "lightning_energy.simulate")]
 
 
-def cycles(graph) -> list[list[str]]:
-    """Every cycle of module-level imports among lightning_energy modules (one per strongly connected set)."""
-    edges = {m: sorted({t for t, top in targets if top and t in graph and t != m}) for m, targets in graph.items()}
+def _is_lightning(module: str) -> bool:
+    return any(_inside(module, name) for name in LIGHTNING)
+
+
+def core_violations(graph) -> list[str]:
+    """Each Lightning or Trainer-front-end module the core reaches, with the chain of imports that reaches it:
+    every lightning_energy module the core imports (at module level or in a function), and every one those
+    import in turn, must import no Lightning and be no callback or ``integration`` module."""
+    reached_by: dict[str, str | None] = {m: None for m in graph if _inside(m, "lightning_energy.core")}
+    queue = sorted(reached_by)
+    found = []
+    while queue:
+        module = queue.pop(0)
+        chain = [module]
+        while reached_by[chain[-1]] is not None:
+            chain.append(reached_by[chain[-1]])
+        path = " <- ".join(chain)
+        if any(_inside(module, front) for front in TRAINER_FRONT_END):
+            found.append(f"{path} (a Trainer front-end module)")
+            continue
+        for target, _ in graph[module]:
+            if _is_lightning(target):
+                found.append(f"{path} imports {target}")
+            elif target in graph and target not in reached_by:
+                reached_by[target] = module
+                queue.append(target)
+    return found
+
+
+def cycles(graph, function_level: bool = True) -> list[list[str]]:
+    """Every circle of imports among the graph's modules (one per strongly connected set): through imports at
+    module level and inside functions alike, or (``function_level=False``) at module level only."""
+    edges = {m: sorted({t for t, top in targets if (top or function_level) and t in graph and t != m})
+             for m, targets in graph.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -187,12 +235,35 @@ def cycles(graph) -> list[list[str]]:
     return found
 
 
+def callback_violations(graph) -> list[str]:
+    """A callback module importing another callback module (or the callbacks package, which serves them all)."""
+    return [f"{m} imports {t}" for m, targets in graph.items()
+            if _inside(m, "lightning_energy.callbacks") and m != "lightning_energy.callbacks"
+            for t, _ in targets if _inside(t, "lightning_energy.callbacks") and t != m]
+
+
+def foundation_violations(graph) -> list[str]:
+    return [f"{m} imports {t}" for m in sorted(FOUNDATION) if m in graph for t, _ in graph[m]
+            if _inside(t, "lightning_energy") and t not in FOUNDATION]
+
+
+def optimize_violations(graph) -> list[str]:
+    return [f"{m} imports {t}" for m, targets in graph.items() if _inside(m, "lightning_energy.optimize")
+            for t, _ in targets if any(_inside(t, layer) for layer in ABOVE_OPTIMIZE)]
+
+
+def baler_violations(graph) -> list[str]:
+    """lightning_energy knows nothing of Baler: baler_lit may use lightning_energy, never the reverse."""
+    return [f"{m} imports {t}" for m, targets in graph.items() if _inside(m, "lightning_energy")
+            for t, _ in targets if _inside(t, "baler_lit")]
+
+
 def test_the_walk_sees_the_imports():
     """Guards the checks below against passing on an empty graph."""
     assert len(GRAPH) > 60
     energy = {t for t, _ in GRAPH["lightning_energy.callbacks.energy"]}
-    assert {"lightning_energy.measure.meter", "lightning_energy.integration.base"} <= energy
-    assert ("lightning_energy.measure.ranks", True) in GRAPH["lightning_energy.callbacks.energy"]  # from a import b
+    assert {"lightning_energy.core.recorder", "lightning_energy.integration.base"} <= energy
+    assert ("lightning_energy.measure.ranks", True) in GRAPH["lightning_energy.core.recorder"]  # from a import b
 
 
 def test_measure_imports_nothing_above_it_and_no_lightning():
@@ -203,25 +274,94 @@ def test_analysis_imports_no_callback():
     assert analysis_violations(GRAPH) == []
 
 
-def test_product_code_never_imports_the_test_doubles():
-    assert doubles_violations(GRAPH) == []
+def test_only_the_sweep_imports_the_simulators():
+    assert simulator_violations(GRAPH) == []
 
 
-def test_no_import_cycles():
+def test_no_import_circle_in_the_whole_tree_function_level_imports_included():
+    assert any(_inside(m, "baler_lit") for m in GRAPH)  # the walk sees both packages
     assert cycles(GRAPH) == []
+
+
+def test_the_core_reaches_no_lightning_and_no_trainer_front_end():
+    assert any(_inside(m, "lightning_energy.core") for m in GRAPH)  # the walk sees the core
+    assert core_violations(GRAPH) == []
+
+
+def test_the_core_imports_without_lightning():
+    """The same at run time: importing every module of the core loads no Lightning module."""
+    import subprocess
+    import sys
+
+    core = sorted(m for m in GRAPH if _inside(m, "lightning_energy.core"))
+    probe = (f"import importlib, sys\nfor m in {core!r}:\n    importlib.import_module(m)\n"
+             f"print(sorted(n for n in sys.modules if n.split('.')[0] in {LIGHTNING!r}))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+def test_callbacks_never_import_another_callback():
+    assert callback_violations(GRAPH) == []
+
+
+def test_no_import_runs_back_up_the_layers():
+    """io and the other foundation modules import nothing above them (io once took ``describe_error`` from
+    outputs.worker); optimize/ imports no Trainer glue, no offline analysis and no outputs (it once took a
+    Lightning helper through integration, the quadratic fit from analysis and the report's file name from
+    outputs)."""
+    assert foundation_violations(GRAPH) == []
+    assert optimize_violations(GRAPH) == []
+
+
+def test_lightning_energy_never_imports_baler_lit():
+    assert baler_violations(GRAPH) == []
+
+
+KNOWN = {"lightning_energy.integration.timeline", "lightning_energy.simulate.gpu_sim",
+         "lightning_energy.callbacks.carbon", "lightning_energy.outputs.worker", "lightning_energy.analysis.fit"}
 
 
 @pytest.mark.parametrize(("check", "module", "source"), [
     (measure_violations, "lightning_energy.measure.meter", "from lightning_energy.integration import timeline"),
     (measure_violations, "lightning_energy.measure.meter", "def f():\n    import lightning.pytorch"),
     (analysis_violations, "lightning_energy.analysis.runs", "from lightning_energy.callbacks.energy import X"),
-    (doubles_violations, "lightning_energy.callbacks.power_limit",
-     "def f():\n    from lightning_energy.testing import gpu_sim"),
+    (simulator_violations, "lightning_energy.callbacks.power_limit",
+     "def f():\n    from lightning_energy.simulate import gpu_sim"),
+    (callback_violations, "lightning_energy.callbacks.catalog",
+     "def f():\n    from lightning_energy.callbacks.carbon import CarbonCallback"),
+    (callback_violations, "lightning_energy.callbacks.forecast", "from lightning_energy.callbacks import CarbonCallback"),
+    (foundation_violations, "lightning_energy.io", "from lightning_energy.outputs.worker import describe_error"),
+    (optimize_violations, "lightning_energy.optimize.power_limit.profile_file",
+     "def f():\n    from lightning_energy.analysis.fit import quadratic_fit"),
+    (optimize_violations, "lightning_energy.optimize.recommend_config",
+     "def f():\n    from lightning_energy.outputs.report import REPORT_FILE"),
+    (optimize_violations, "lightning_energy.optimize.recommend",
+     "from lightning_energy.integration.lightning_internals import first_batch_size"),
+    (baler_violations, "lightning_energy.cli.main", "def f():\n    import baler_lit.cli"),
 ])
 def test_each_rule_catches_a_breach(check, module, source):
-    known = {"lightning_energy.integration.timeline", "lightning_energy.testing.gpu_sim"}
-    graph = {module: imports_of(source, module, False, known)}
+    graph = {module: imports_of(source, module, False, KNOWN)}
     assert len(check(graph)) == 1
+
+
+@pytest.mark.parametrize("source", [
+    "import lightning.pytorch as pl",
+    "def f():\n    from lightning.fabric import Fabric",
+    "import pytorch_lightning",
+    "def f():\n    import lightning_fabric.utilities",
+    "from lightning_energy.callbacks.energy import EnergyCallback",
+    "def f():\n    from lightning_energy.integration.session import attach",
+    "from lightning_energy.measure import helper",  # reaches Lightning one module further down
+])
+def test_the_core_rule_catches_a_breach_at_any_depth(source):
+    known = {"lightning_energy.measure.helper", "lightning_energy.callbacks.energy",
+             "lightning_energy.integration.session"}
+    graph = {"lightning_energy.core.run": imports_of(source, "lightning_energy.core.run", False, known),
+             "lightning_energy.measure.helper": [("lightning.fabric.utilities", False)],
+             "lightning_energy.callbacks.energy": [], "lightning_energy.integration.session": []}
+    assert len(core_violations(graph)) == 1
+    allowed = imports_of("import torch.distributed as dist\nimport math", "lightning_energy.core.run", False, set())
+    assert core_violations({"lightning_energy.core.run": allowed}) == []
 
 
 def test_private_names_of_other_packages_only_in_the_internals_modules():
@@ -261,9 +401,10 @@ def prints(source: str) -> list[tuple[str | None, int]]:
     return found
 
 
-# print() is for the CLI's output, a callback's end-of-fit report (on_fit_end, `verbose=True`), the terminal
-# question of the forecast's budget check and the BSO server launcher (a command); library messages use logging
-PRINT_ALLOWED = {("lightning_energy.callbacks.forecast", "ask_yes_no"), ("lightning_energy.optimize.bso_server", "serve"),
+# print() is for the CLI's output, a callback's end-of-fit report (on_fit_end, `verbose=True`), any front end's
+# end-of-run report table (the core recorder's write_report, `verbose=True`), the terminal question of the
+# forecast's budget check and the BSO server launcher (a command); library messages use logging
+PRINT_ALLOWED = {("lightning_energy.core.recorder", "write_report"), ("lightning_energy.callbacks.forecast", "ask_yes_no"), ("lightning_energy.optimize.bso_server", "serve"),
                  ("lightning_energy.optimize.bso_server", "main")}
 
 
@@ -275,7 +416,7 @@ def print_violations(sources: dict[str, str]) -> list[str]:
 
 def test_library_messages_are_logged_not_printed():
     assert print_violations(SOURCES) == []
-    assert len(prints(SOURCES["lightning_energy.callbacks.energy"])) == 1  # the walk sees the report's print
+    assert len(prints(SOURCES["lightning_energy.core.recorder"])) == 1  # the walk sees the report's print
 
 
 @pytest.mark.parametrize(("module", "source"), [
@@ -297,7 +438,7 @@ def test_lightning_hooks_are_marked_override():
     import lightning.pytorch as pl
 
     unmarked, seen = [], 0
-    for package in ("lightning_energy.callbacks", "lightning_energy.integration", "lightning_energy.testing"):
+    for package in ("lightning_energy.callbacks", "lightning_energy.integration", "lightning_energy.simulate"):
         for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
             module = importlib.import_module(f"{package}.{info.name}")
             for cls in vars(module).values():
@@ -313,39 +454,36 @@ def test_lightning_hooks_are_marked_override():
 
 def test_a_cycle_is_found():
     graph = {"a": [("b", True)], "b": [("c", True)], "c": [("a", True)], "d": [("a", False)]}
-    assert cycles(graph) == [["a", "b", "c"]]
-    graph["c"] = [("a", False)]  # an import inside a function breaks no import-time cycle
-    assert cycles(graph) == []
+    assert cycles(graph) == cycles(graph, function_level=False) == [["a", "b", "c"]]
+    graph["c"] = [("a", False)]  # through an import inside a function: a circle all the same
+    assert cycles(graph) == [["a", "b", "c"]] and cycles(graph, function_level=False) == []
 
 
-@pytest.mark.parametrize("old", sorted(__import__("lightning_energy._moved", fromlist=["MOVED"]).MOVED))
-def test_old_module_paths_still_import_with_a_deprecation_warning(old, monkeypatch):
-    import importlib
+def test_a_cycle_through_relative_and_function_level_imports_is_found():
+    """baler_lit's circles ran through ``from .cli import ...`` inside a function."""
+    known = {"baler_lit.cli", "baler_lit.compress_many"}
+    graph = {"baler_lit.cli": imports_of("def f():\n    from .compress_many import compress_many", "baler_lit.cli",
+                                         False, known),
+             "baler_lit.compress_many": imports_of("def g():\n    from .cli import load_checkpoint",
+                                                   "baler_lit.compress_many", False, known)}
+    assert cycles(graph) == [["baler_lit.cli", "baler_lit.compress_many"]]
+
+
+def test_no_alias_serves_a_module_path_from_before_the_layout():
+    """The deprecated aliases of a never-released 0.1.0 are gone (no meta-path finder), and so is the old name
+    of the simulators' folder; the public names stay at ``lightning_energy.<Name>``."""
+    import importlib.util
     import sys
 
-    from lightning_energy._moved import MOVED
+    import lightning_energy
+    from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
-    monkeypatch.delitem(sys.modules, old, raising=False)
-    with pytest.warns(DeprecationWarning, match=old.replace(".", r"\.")):
-        alias = importlib.import_module(old)
-    new = importlib.import_module(MOVED[old][0])
-    public = [name for name in vars(new) if not name.startswith("_")]
-    assert public and all(getattr(alias, name) is getattr(new, name) for name in public)
-    with pytest.raises(AttributeError):
-        alias.no_such_name  # noqa: B018
-
-
-def test_old_sensors_package_keeps_the_simulated_sensor(monkeypatch):
-    import importlib
-    import sys
-
-    from lightning_energy import SimulatedSensor
-    from lightning_energy.measure.sensors import Sensor
-
-    monkeypatch.delitem(sys.modules, "lightning_energy.sensors", raising=False)
-    with pytest.warns(DeprecationWarning):
-        old = importlib.import_module("lightning_energy.sensors")
-    assert old.SimulatedSensor is SimulatedSensor and old.Sensor is Sensor
+    assert not any(type(finder).__module__.startswith("lightning_energy") for finder in sys.meta_path)
+    for old in ("lightning_energy.meter", "lightning_energy.sensors", "lightning_energy.gpu_sim",
+                "lightning_energy.callbacks.eta"):
+        assert importlib.util.find_spec(old) is None, old
+    assert not (PACKAGE / "testing").exists()  # the simulators' folder is named for what it holds
+    assert lightning_energy.SimulatedSensor is SimulatedSensor
 
 
 def test_the_former_sweep_modules_names_import_from_the_sweep_package():

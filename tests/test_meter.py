@@ -8,7 +8,7 @@ import pytest
 
 from lightning_energy.measure.meter import Meter, measure
 from lightning_energy.measure.sampler import KEEP_POINTS, Sampler
-from lightning_energy.testing.simulated_sensor import SimulatedSensor
+from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
 
 def setup_meter(sampler: Sampler, clock, sensors) -> Meter:

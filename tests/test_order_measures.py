@@ -169,7 +169,7 @@ def test_energy_to_accuracy_reads_the_fit_start_of_the_timeline_in_either_order(
 
 def test_energy_to_accuracy_in_either_order_on_fake_time(tmp_path, monkeypatch):
     """Fake time: every window is exact, so the two orders agree to the last bit."""
-    from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+    from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
     from power_limit_helpers import ROWS, AccuracyModule
 
     results = {}

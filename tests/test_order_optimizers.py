@@ -24,7 +24,7 @@ from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.batch_size import BatchSizeSearch
 from lightning_energy.callbacks.zeus_batch_size import ZeusBatchSizeOptimizer
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, SimModule, install_fake_time, loader
 from test_batch_size import CANDIDATES, HparamsModule, known_best, per_sample
 from test_zeus_batch_size import bso_server  # noqa: F401  (the module-scoped server fixture)

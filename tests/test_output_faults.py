@@ -383,7 +383,7 @@ class WaitForTraceProblem(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         deadline = time.monotonic() + 30.0
-        while trainer.current_epoch == 0 and not self.energy._trace.problems and time.monotonic() < deadline:
+        while trainer.current_epoch == 0 and not self.energy._recorder.trace.problems and time.monotonic() < deadline:
             time.sleep(0.005)
 
 

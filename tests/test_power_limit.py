@@ -23,14 +23,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from conftest import FakeClock, trainer_kwargs
 from lightning_energy import EnergyCallback
 from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
-from lightning_energy.testing.gpu_sim import (
+from lightning_energy.simulate.gpu_sim import (
     COMPUTE_BOUND,
     MEMORY_BOUND,
     SMALL_NET,
     SimulatedGPU,
     SimulatedWorkload,
     StepModel,
-    installed_in_zeus,
 )
 from lightning_energy.optimize.power_limit.search import (
     DEFAULT_REPEAT_BUDGET,
@@ -43,6 +42,7 @@ from lightning_energy.optimize.power_limit.search import (
 )
 from lightning_energy.optimize.power_limit.profile_file import read_profile
 from power_limit_helpers import RecordingLogger, SimModule, ValidatingSimModule, install_fake_time, loader
+from zeus_gpus import installed_in_zeus
 
 HERE = Path(__file__).resolve().parent
 GRID = [300, 275, 250, 225, 200, 175, 150]

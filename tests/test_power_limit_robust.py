@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_energy.testing.gpu_sim import SimulatedGPU, StepModel
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, StepModel
 from lightning_energy.optimize.power_limit.search import (
     AdaptiveSearch,
     ExhaustiveSweep,

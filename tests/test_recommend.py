@@ -15,7 +15,7 @@ from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
 from lightning_energy.catalog import Catalog
 from lightning_energy.cli.main import main
 from lightning_energy.cli.commands.recommend import format_effects, format_table
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from lightning_energy.optimize.recommend import (
     RunOutcome, Search, SearchError, Target, find_levers, parse_target, select_levers,
 )
@@ -198,7 +198,7 @@ def test_recommended_yaml_is_a_config_lightning_cli_runs(tmp_path, monkeypatch):
 
     base = {"seed_everything": 0, "trainer": {"max_epochs": 3, "accelerator": "cpu", "logger": False,
                                               "enable_checkpointing": False, "enable_progress_bar": False},
-            "model": {"class_path": "lightning_energy.testing.example_model.TinyAutoencoder",
+            "model": {"class_path": "lightning_energy.simulate.example_model.TinyAutoencoder",
                       "init_args": {"n_train": 64, "n_val": 32, "batch_size": 32, "lr": 0.001}}}
     levers = {lv.name: lv for lv in find_levers(base)[0]}
     assert levers["batch_size"].path == "model.init_args.batch_size"
@@ -435,7 +435,7 @@ def test_compile_model_compiles_the_layers_with_parameters_once():
     from torch import nn
 
     from lightning_energy.callbacks.compile_model import CompileModel
-    from lightning_energy.testing.example_model import TinyAutoencoder
+    from lightning_energy.simulate.example_model import TinyAutoencoder
 
     module = TinyAutoencoder()
     module.criterion = nn.MSELoss()  # no parameters: left alone

@@ -18,7 +18,7 @@ from lightning_energy.measure import sampler as sampling
 from lightning_energy.measure.meter import Meter, measure
 from lightning_energy.measure.sampler import Sampler
 from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.testing.simulated_sensor import SimulatedSensor
+from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
 EVENT_BOUND_S = 10.0  # longest a test waits for another thread's event (a bound, never a measured duration)
 TICK_S = 0.05

@@ -647,7 +647,7 @@ def test_steps_plus_gaps_equal_the_epoch_through_the_sampler(manual_sampler, clo
     samples, gives exact step energies (power sensor, and a counter exact at its reads whose neighbouring
     read intervals hold no boundary), and steps + gaps add up to the epoch."""
     from lightning_energy.measure.meter import Meter, measure
-    from lightning_energy.testing.simulated_sensor import SimulatedSensor
+    from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
     # relative to the sensors' origin (the clock at acquire): gaps of 163-177 ms at 40 W, steps at 200 / 90 W
     boundaries, trace, t = [], [(0.0, 40.0)], 0.117
@@ -691,7 +691,7 @@ def test_steps_plus_gaps_equal_the_epoch_through_the_sampler(manual_sampler, clo
 @pytest.mark.parametrize("after_w", [50.0, 0.0])  # 0 W: the counter stops, the period after comes stale
 def test_a_counter_mark_in_a_rebuilt_period_resolves_within_the_sampler_wait(manual_sampler, clock, after_w):
     from lightning_energy.measure.meter import Meter
-    from lightning_energy.testing.simulated_sensor import SimulatedSensor
+    from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
     change = 5.0137  # s after the sensor's origin; its counter updates every 0.1 s from the origin
     sensor = SimulatedSensor("gpu", [(0.0, 150.0), (change, after_w)], kind="energy", counter_update_period_s=PERIOD,

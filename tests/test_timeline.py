@@ -429,7 +429,7 @@ def test_an_epoch_resolved_while_steps_are_drained_is_delivered_before_the_next_
     The race is made certain: whenever the epoch is not ready yet while a step of the next epoch has ended,
     the check waits (bounded) until the sampler has published that step, i.e. has resolved everything.
     """
-    from lightning_energy.integration.timeline import Timeline
+    from lightning_energy.core.timeline import Timeline
 
     original = Timeline._epoch_ready
     raced = []

@@ -19,7 +19,7 @@ import lightning as L
 import pytest
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.zeus_batch_size import BSOServerError, ZeusBatchSizeOptimizer
-from lightning_energy.testing.gpu_sim import SimulatedGPU, SimulatedWorkload
+from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
 
 REPO = Path(__file__).resolve().parents[1]

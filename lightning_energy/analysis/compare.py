@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_energy.analysis import DEFAULT_RATE_HZ
-from lightning_energy.analysis.resample import mean_std, pad_and_mask, resample, resample_power
+from lightning_energy.analysis.resample import mean_std, pad_and_hold, pad_and_mask, resample, resample_power
 from lightning_energy.analysis.runs import Run, require_attribute
 from lightning_energy.provenance import combine
 
@@ -14,18 +14,37 @@ def run_curves(run: Run, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, np.ndarr
     """Power (W) and cumulative energy (J, 0 at fit start) from fit start to fit end on an even grid.
 
     The energy is the trace's cumulative energy interpolated linearly; the power, the mean power over
-    the grid interval around each point, derived from that energy (:func:`resample_power`). Fit
-    boundaries slightly outside the samples are covered as in :meth:`Run.covering_samples` (the nearest
-    sample's power continued); :class:`RunError` when they lie further out.
+    the grid interval around each point, derived from that energy (:func:`resample_power`). Where the fit's
+    end falls between grid points, it is added as the last point (the energy there is the run's total; the
+    power, the mean over the grid interval centred on it, cut to the fit as for every point). Fit boundaries slightly outside the samples are
+    covered as in :meth:`Run.covering_samples` (the nearest sample's power continued); :class:`RunError`
+    when they lie further out.
     """
     time_s, _, energy_J = run.covering_samples(run.start_s, run.end_s)
     grid, power = resample_power(time_s, energy_J, rate_hz, run.start_s, run.end_s)
     _, energy = resample(time_s, energy_J, rate_hz, run.start_s, run.end_s)
+    duration_s = run.end_s - run.start_s
+    if grid[-1] < duration_s - 1e-9:  # the end between grid points: the run's total at its end
+        half_s = min(0.5 / rate_hz, duration_s)  # the interval centred on the end, cut to the fit
+        at_end, before_end = np.interp([run.end_s, run.end_s - half_s], time_s, energy_J)
+        grid, energy = np.append(grid, duration_s), np.append(energy, at_end)
+        power = np.append(power, (at_end - before_end) / half_s)
     return {"time_s": grid, "power_W": power, "energy_J": energy - energy[0]}
+
+
+def _on_axis(curves: list[dict], axis: np.ndarray) -> list[np.ndarray]:
+    """Each run's power on the group's time axis (the longest run's): a run's last point is left out where it
+    lies off that axis (its fit end between two grid points), since the axis would draw it at another time."""
+    return [c["power_W"] if np.isclose(c["time_s"][-1], axis[len(c["time_s"]) - 1]) else c["power_W"][:-1]
+            for c in curves]
 
 
 def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAULT_RATE_HZ) -> dict:
     """Per-run totals and, per group, mean ± std curves and totals.
+
+    The power curves are averaged over the runs still going at each time (``runs_at_time``, n(t)); the
+    cumulative-energy curves hold a finished run at its total, so the mean energy curve ends at the group's
+    ``energy_J_mean``.
 
     Groups: the runs sharing a value of attribute ``by`` (repetitions averaged); without ``by`` each run is
     its own group (named by the run): unrelated runs are never averaged into one curve unasked.
@@ -41,18 +60,20 @@ def compare_runs(runs: list[Run], by: str | None = None, rate_hz: float = DEFAUL
     groups = {}
     for key, curves in curves_by_group.items():
         members = [r for r in rows if r["group"] == key]
-        longest = max(curves, key=lambda c: len(c["time_s"]))["time_s"]
+        longest = max(curves, key=lambda c: (len(c["time_s"]), c["time_s"][-1]))["time_s"]  # the axis: ends last
         groups[key] = {"runs": len(curves), "time_s": longest.tolist(),
                        "provenance": combine(m["provenance"] for m in members)}
-        for name in ("power_W", "energy_J"):
-            stacked = pad_and_mask([c[name] for c in curves])
-            mean, std, count = mean_std(stacked)
+        # power: over the runs still going; cumulative energy: a finished run held at its total
+        power = pad_and_mask(_on_axis(curves, longest))
+        energy = np.ma.asarray(pad_and_hold([c["energy_J"] for c in curves]))
+        for name, stacked in (("power_W", power), ("energy_J", energy)):
+            mean, std, _ = mean_std(stacked)
             groups[key].update({  # the envelope of the runs (min, max) bounds the band drawn around the mean
                 f"curve_{name}_mean": mean.tolist(), f"curve_{name}_std": std.tolist(),
                 f"curve_{name}_min": np.ma.filled(stacked.min(axis=0), np.nan).tolist(),
                 f"curve_{name}_max": np.ma.filled(stacked.max(axis=0), np.nan).tolist()})
         groups[key].update({
-            "runs_at_time": count.tolist(),
+            "runs_at_time": power.count(axis=0).tolist(),  # n(t): the runs still going at each grid point
             **{f"{name}_{stat}": float(fn([m[name] for m in members]))
                for name in ("energy_J", "duration_s", "edp_Js") for stat, fn in (("mean", np.mean), ("std", np.std))},
         })

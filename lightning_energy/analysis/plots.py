@@ -14,13 +14,13 @@ DPI = 110
 MARKERS = "os^Dv"  # a new marker for each further 10 groups (matplotlib cycles 10 colours)
 
 
-def _figure(rows: int = 1, cols: int = 1, size=(8.0, 4.5)):
+def _figure(rows: int = 1, cols: int = 1, size=(8.0, 4.5), height_ratios=None):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, dpi=DPI)
     FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
+    axes = fig.subplots(rows, cols, squeeze=False, height_ratios=height_ratios)
     return fig, axes
 
 
@@ -58,45 +58,70 @@ def power_plot(run):
 
 
 def cumulative_energy_figure(run) -> bytes:
-    """Cumulative energy per sensor and in total."""
+    """Cumulative energy in total and per sensor, as PNG (see :func:`cumulative_energy_plot`)."""
+    return render_png(cumulative_energy_plot(run))
+
+
+def cumulative_energy_plot(run):
+    """Cumulative energy since fit start: the total (thick) and, with more than one sensor, each sensor
+    (thin); with one sensor the total is that sensor's curve, drawn once and labelled so."""
     fig, axes = _figure()
     ax = axes[0][0]
     t0 = run.start_s
     base = np.interp(t0, run.time_s, run.energy_J)
-    ax.plot(run.time_s - t0, run.energy_J - base, lw=1.4, label="total")
-    for name, curve in run.sensor_energy_J.items():
-        ax.plot(run.time_s - t0, curve - np.interp(t0, run.time_s, curve), lw=0.9, label=name)
+    names = list(run.sensor_energy_J)
+    label = f"total (the only sensor: {names[0]})" if len(names) == 1 else "total"
+    ax.plot(run.time_s - t0, run.energy_J - base, lw=2.0, color="black", label=label)
+    if len(names) > 1:
+        for name, curve in run.sensor_energy_J.items():
+            ax.plot(run.time_s - t0, curve - np.interp(t0, run.time_s, curve), lw=1.0, label=name)
     ax.set(xlabel="time since fit start (s)", ylabel="cumulative energy (J)",
            title=f"{run.name}: energy, {word(run.provenance)}")
     ax.legend(loc="best", fontsize="small")
-    return render_png(fig)
+    return fig
 
 
 def epoch_boxplots_figure(run, epochs: list[dict]) -> bytes:
-    """Box plots of the per-epoch energy and time."""
+    """Box plots of the per-epoch energy and time, as PNG (see :func:`epoch_boxplots_plot`)."""
+    return render_png(epoch_boxplots_plot(run, epochs))
+
+
+def epoch_boxplots_plot(run, epochs: list[dict]):
+    """Box plots of the per-epoch energy (J) and time (s): the figure's title names the run, the number of
+    epochs and where the joules come from; each panel's title says what it shows."""
     fig, axes = _figure(1, 2, size=(8.0, 4.0))
     energy = [e["energy_J"] for e in epochs]
     seconds = [e["duration_s"] for e in epochs]
-    axes[0][0].boxplot([energy], tick_labels=["epochs"])
-    axes[0][0].set(ylabel="energy per epoch (J)", title=f"{len(epochs)} epoch(s), {word(run.provenance)}")
-    axes[0][1].boxplot([seconds], tick_labels=["epochs"])
-    axes[0][1].set(ylabel="time per epoch (s)", title=run.name)
-    return render_png(fig)
+    fig.suptitle(f"{run.name}: {len(epochs)} epoch(s), energy {word(run.provenance)}", fontsize="medium")
+    for ax, values, what, unit in ((axes[0][0], energy, "energy", "J"), (axes[0][1], seconds, "time", "s")):
+        ax.boxplot([values], tick_labels=[f"{len(values)} epoch(s)"])
+        ax.set(ylabel=f"{what} per epoch ({unit})", title=f"{what} per epoch")
+    return fig
 
 
-def band_figure(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str) -> bytes:
-    """Mean ± std curves, one per group, as PNG (see :func:`band_plot`)."""
-    return render_png(band_plot(groups, key, ylabel, title, provenance))
+def band_figure(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str,
+                by: str | None = None) -> bytes:
+    """Mean ± std curves, one per group, and the runs still going, as PNG (see :func:`band_plot`)."""
+    return render_png(band_plot(groups, key, ylabel, title, provenance, by))
 
 
-def band_plot(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str):
-    """Mean ± std curves, one per group: ``groups[name] = {"time_s", "curve_<key>_mean", "curve_<key>_std"}``.
+def group_label(name: str, runs: int, by: str | None = None) -> str:
+    """A group's legend entry: ``batch_size=128 (n=1)`` when grouped by an attribute, ``<run> (n=1)`` otherwise."""
+    return f"{by}={name} (n={runs})" if by else f"{name} (n={runs})"
+
+
+def band_plot(groups: dict[str, dict], key: str, ylabel: str, title: str, provenance: str, by: str | None = None):
+    """Mean ± std curves, one per group: ``groups[name] = {"time_s", "curve_<key>_mean", "curve_<key>_std"}``,
+    and below them n(t), the runs of each group still going (``runs_at_time``), where that number changes
+    (a group whose runs end at different times).
 
     The band is cut to the envelope of the group's runs (``curve_<key>_min`` / ``_max`` where given): a
-    standard deviation is no power a run drew, and mean + std can exceed the largest one. The title says
-    where the joules come from (``provenance``).
+    standard deviation is no power a run drew, and mean + std can exceed the largest one. The legend names
+    each group by the attribute it shares (``by=value``, see :func:`group_label`); the title says where the
+    joules come from (``provenance``).
     """
-    fig, axes = _figure()
+    counted = any(len(set(g.get("runs_at_time", ()))) > 1 for g in groups.values())  # some run ends before another
+    fig, axes = _figure(2 if counted else 1, 1, size=(8.0, 5.6 if counted else 4.5), height_ratios=[4, 1] if counted else None)
     ax = axes[0][0]
     for name, g in groups.items():
         t = np.asarray(g["time_s"])
@@ -106,26 +131,55 @@ def band_plot(groups: dict[str, dict], key: str, ylabel: str, title: str, proven
         if f"curve_{key}_min" in g:
             low = np.maximum(low, np.asarray(g[f"curve_{key}_min"], dtype=float))
             high = np.minimum(high, np.asarray(g[f"curve_{key}_max"], dtype=float))
-        ax.plot(t, mean, lw=1.2, label=f"{name} (n={g['runs']})")
-        ax.fill_between(t, low, high, alpha=0.25)
-    ax.set(xlabel="time since fit start (s)", ylabel=ylabel, title=f"{title}, {word(provenance)}")
+        line, = ax.plot(t, mean, lw=1.2, label=group_label(name, g["runs"], by))
+        ax.fill_between(t, low, high, alpha=0.25, color=line.get_color())
+        if counted:
+            axes[1][0].step(t, g["runs_at_time"], where="post", lw=1.0, color=line.get_color(),
+                            label=group_label(name, g["runs"], by))
+    ax.set(ylabel=ylabel, title=f"{title}, {word(provenance)}")
     ax.legend(loc="best", fontsize="small")
+    if counted:
+        runs_axes = axes[1][0]
+        runs_axes.set(xlabel="time since fit start (s)", ylabel="runs going")
+        runs_axes.set_ylim(0, max(g["runs"] for g in groups.values()) + 0.5)
+        runs_axes.yaxis.get_major_locator().set_params(integer=True)
+        runs_axes.sharex(ax)
+    else:
+        ax.set_xlabel("time since fit start (s)")
     return fig
 
 
-def fit_figure(attribute: str, points: dict[str, tuple], fits: dict, provenance: str = "unknown") -> bytes:
-    """Energy, time and EDP vs a numeric attribute, each with its quadratic fit and R²."""
-    fig, axes = _figure(1, len(points), size=(4.0 * len(points), 3.8))
-    fig.suptitle(f"energy {word(provenance)}", fontsize="medium")
-    for ax, (name, (x, y, unit)) in zip(axes[0], points.items()):
-        fit = fits[name]
-        ax.plot(x, y, "o", label="runs")
-        grid = np.linspace(min(x), max(x), 200)
-        ax.plot(grid, fit(grid), "-", label=f"quadratic, R²={fit.r2:.3f}")
-        ax.set(xlabel=attribute, ylabel=f"{name} ({unit})", title=f"{name} vs {attribute}")
-        ax.legend(loc="best", fontsize="small")
-    return render_png(fig)
+def fit_figure(attribute: str, groups: dict[str, dict], provenance: str = "unknown",
+               group_by: str | None = None) -> bytes:
+    """Energy, time and EDP vs a numeric attribute, each with its quadratic fit, as PNG (see :func:`fit_plot`)."""
+    return render_png(fit_plot(attribute, groups, provenance, group_by))
 
+
+def fit_plot(attribute: str, groups: dict[str, dict], provenance: str = "unknown", group_by: str | None = None):
+    """One panel per quantity (energy, time, EDP) vs ``attribute``: each group's runs and its quadratic fit.
+
+    ``groups[label] = {"points": {quantity: (x, y, unit)}, "fits": {quantity: QuadraticFit}}`` (one group
+    ``"all"`` when not grouped). A fit's legend gives its R² only where spare points test it
+    (:func:`~lightning_energy.analysis.goodness.describe_r2`); through as many points as parameters it says
+    "exact fit".
+    """
+    from lightning_energy.analysis.goodness import describe_r2
+
+    quantities = list(next(iter(groups.values()))["points"])
+    fig, axes = _figure(1, len(quantities), size=(4.6 * len(quantities), 4.4 + 0.25 * 2 * len(groups)))
+    fig.suptitle(f"energy {word(provenance)}", fontsize="medium")
+    for ax, name in zip(axes[0], quantities):
+        for label, group in groups.items():
+            x, y, unit = group["points"][name]
+            fit = group["fits"][name]
+            prefix = f"{group_by}={label}: " if group_by else ""
+            dots, = ax.plot(x, y, "o", label=f"{prefix}runs" if group_by else "runs")
+            grid = np.linspace(min(x), max(x), 200)
+            ax.plot(grid, fit(grid), "-", color=dots.get_color(),
+                    label=f"{prefix}quadratic, {describe_r2(fit.r2, fit.n)}")
+        ax.set(xlabel=attribute, ylabel=f"{name} ({unit})", title=f"{name} vs {attribute}")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="x-small")  # below: never on a point
+    return fig
 
 
 def frontier_figure(rows: list[dict], by: str | None, provenance: str) -> bytes:

@@ -2,7 +2,9 @@
 
 The GPU power study's method, with one change: each run's curves go onto an even grid (4 Hz by default)
 starting at the run's own start, the curves are padded to the longest run, the padding is masked
-(``numpy.ma``), and mean and standard deviation are taken over the runs still going at each grid point.
+(``numpy.ma``), and mean and standard deviation are taken over the runs still going at each grid point;
+a cumulative curve (energy) is instead held at the run's total after its end (:func:`pad_and_hold`), so
+the mean energy ends at the mean of the totals.
 The study interpolated power with a cubic spline; through samples 1-3 ms apart that spline swings far
 outside what the sensor can read (-444 W to +1,646 W for a sensor reading 8.5-85 W). Here the
 cumulative energy (monotone) is interpolated linearly, and the power at a grid point is the mean power
@@ -114,6 +116,22 @@ def pad_and_mask(curves: list) -> np.ma.MaskedArray:
         data[i, : len(curve)] = curve
         mask[i, : len(curve)] = False
     return np.ma.MaskedArray(data, mask=mask)
+
+
+def pad_and_hold(curves: list) -> np.ndarray:
+    """Curves of different lengths as one (runs x longest) array, each curve held at its last value after its end.
+
+    For cumulative quantities (energy, J): a run that finished has spent its total and spends no more, so the
+    mean over runs ends at the mean of their totals (masking it instead would let the mean end at the longest
+    run's total).
+    """
+    if not curves:
+        raise ValueError("no curves to pad")
+    longest = max(len(c) for c in curves)
+    if any(len(c) == 0 for c in curves):
+        raise ValueError("an empty curve has no last value to hold")
+    return np.array([np.concatenate((c, np.full(longest - len(c), c[-1]))) for c in map(np.asarray, curves)],
+                    dtype=float)
 
 
 def mean_std(stacked: np.ma.MaskedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

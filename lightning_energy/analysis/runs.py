@@ -362,11 +362,22 @@ def _read_one_trace(path: Path, notes: list[str] | None = None
         _check_never_decreases(path, name, raw, valid)
         sensors[name] = np.interp(time_s, time_s[valid], raw[valid])
         watts = np.asarray(columns.get(f"{name}:power_W", [math.nan] * len(time_s)), dtype=float)
+        _drop_first_reading_power(watts)
         read = np.isfinite(watts)  # blank where the sensor was not read at that tick: between its readings
         powers[name] = np.interp(time_s, time_s[read], watts[read]) if read.any() else np.zeros_like(time_s)
     if not sensors:
         raise RunError(f"{path} has no energy readings")
     return time_s, sensors, powers, np.asarray(columns["unix_time_s"], dtype=float)
+
+
+def _drop_first_reading_power(watts: np.ndarray) -> None:
+    """Blank (NaN, in place) a sensor's first power reading when it is 0 W and a later reading follows: the
+    sampler writes 0 W at a counter's first read, which has no interval before it to average over, so that
+    0 is no power the sensor saw (drawn, it is a false drop to 0 W at fit start). The next reading's power
+    then stands for it."""
+    read = np.flatnonzero(np.isfinite(watts))
+    if len(read) > 1 and watts[read[0]] == 0.0:
+        watts[read[0]] = math.nan
 
 
 def _check_never_decreases(path: Path, sensor: str, energy_J: np.ndarray, valid: np.ndarray) -> None:
@@ -533,13 +544,30 @@ def _run_name(path: Path) -> str:
 
 
 def load_runs(run_dirs: list) -> list[Run]:
-    """Several runs; names made unique by their parent folders where two coincide."""
+    """Several runs; where two names coincide, each of those is named by the fewest trailing folders of its path
+    that tell it apart (``a/lightning_logs/version_0``, ``b/lightning_logs/version_0``), never the whole path
+    unless nothing shorter differs."""
     runs = [load_run(d) for d in run_dirs]
     names = [r.name for r in runs]
-    for run in runs:
-        if names.count(run.name) > 1:
-            run.name = str(run.path)
+    clashing = [run for run in runs if names.count(run.name) > 1]
+    for run, name in zip(clashing, distinguishing_names([run.path.resolve() for run in clashing])):
+        run.name = name
     return runs
+
+
+def distinguishing_names(paths: list[Path]) -> list[str]:
+    """For each path, its shortest tail of folders (``parent/name``, ``grandparent/parent/name`` ...) that no
+    other path of the list ends with; a path that is another's tail in full keeps its whole form."""
+    parts = [p.parts for p in paths]
+    names = []
+    for index, own in enumerate(parts):
+        others = [other for i, other in enumerate(parts) if i != index]
+        for length in range(1, len(own) + 1):
+            tail = own[-length:]
+            if all(other[-length:] != tail for other in others):
+                break
+        names.append(str(Path(*tail)) if len(tail) < len(own) else str(Path(*own)))
+    return names
 
 
 ATTRIBUTE_SOURCES = (f"attributes come from {REPORT_FILE}, {CLI_CONFIG_FILE} (LightningCLI), {HPARAMS_FILE} and "

@@ -39,12 +39,12 @@ from typing_extensions import override
 
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import (
-    batches_that_stepped, dataloaders_come_from_the_module, reset_fit_dataloaders, restore_checkpoint,
-    strategy_is_distributed)
+    batches_that_stepped, dataloaders_come_from_the_module, first_batch_size, reset_fit_dataloaders,
+    restore_checkpoint, strategy_is_distributed)
 from lightning_energy.io import atomic_write_json
-from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.optimize.power_limit.gpu_control import rank_gpu
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import W_PER_MW
 
@@ -64,7 +64,6 @@ class _TrialProbe(Callback):
     """
 
     def __init__(self, timeline, warmup: int, steps: int) -> None:
-        self._batch_length = batch_length
         self.timeline, self.warmup, self.steps = timeline, warmup, steps
         self.seen = 0
         self.samples = 0
@@ -79,7 +78,7 @@ class _TrialProbe(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.start is not None and self.end is None:
-            self.samples += self._batch_length(batch) or 0
+            self.samples += first_batch_size(batch) or 0
             if self.seen == self.warmup + self.steps - 1:
                 self.end = self.timeline.mark()
         self.seen += 1
@@ -94,7 +93,6 @@ class _TargetProbe(Callback):
     """
 
     def __init__(self, search: "BatchSizeSearch", limit: float) -> None:
-        self._batch_length = batch_length
         self.search, self.limit = search, limit
         self.start: Mark | None = None
         self.end: Mark | None = None
@@ -110,7 +108,7 @@ class _TargetProbe(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.steps += 1
-        self.samples += self._batch_length(batch) or 0
+        self.samples += first_batch_size(batch) or 0
 
     @override
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -278,9 +276,7 @@ class BatchSizeSearch(MeteredCallback):
             return float(self.max_power_W)
         gpu = self.gpu
         if gpu is None and trainer.strategy.root_device.type == "cuda":
-            from lightning_energy.callbacks.power_limit import rank_gpu
-
-            gpu = rank_gpu(trainer)
+            gpu = rank_gpu(trainer.strategy.root_device, "BatchSizeSearch")
         if gpu is None:
             raise MisconfigurationException("BatchSizeSearch(cost='zeus_cost') needs MaxPower: pass `max_power_W` "
                                             "(no GPU to read the maximum power limit from)")

@@ -29,6 +29,7 @@ from lightning_energy.units import G_PER_KG, J_PER_KWH
 log_info = rank_zero_info_for(__name__)
 
 CARBON_REPORT_FILE = "carbon_report.json"
+PUBLISHED_NAME = "carbon"  # the intensity and PUE on the run's board (see the class docstring)
 
 
 class CarbonCallback(MeteredCallback):
@@ -51,6 +52,11 @@ class CarbonCallback(MeteredCallback):
     At the end of fit ``carbon_report.json`` in the log dir holds the intensity and where it came
     from, the PUE, each epoch's energy (J) and CO2e (g), the totals and, with
     ``codecarbon_crosscheck=True``, CodeCarbon's own offline figures for the same fit beside ours.
+
+    Other callbacks of the same Trainer (``CatalogCallback``, ``ForecastCallback``) find the intensity and
+    PUE on the run's board (``session.published``, :class:`lightning_energy.core.published.Published`),
+    published at setup under the name ``"carbon"`` as ``{"intensity": CarbonIntensity, "pue": float}``;
+    they read it at fit start or later, when every callback's setup has run.
 
     Intensity: give at most one of ``intensity_g_per_kWh``, ``energy_mix`` or ``country_iso_code``
     (with an optional ``region``); with none, the world average of 475 g/kWh is used and labelled.
@@ -126,6 +132,7 @@ class CarbonCallback(MeteredCallback):
         self._resumed, self._final_state = {}, None  # a checkpoint's state, if any, arrives after setup
         self._reset()
         attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
+        attachment.session.published.publish(PUBLISHED_NAME, {"intensity": self.intensity, "pue": self.pue})
         self._names = self._all_names = attachment.sensor_names
         self._estimated = any(getattr(s, "estimated", False) for s in attachment.sensors)
         self._trainer = trainer

@@ -14,10 +14,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.carbon import world_average
+from lightning_energy.carbon import CarbonIntensity, world_average
 from lightning_energy.catalog import (
     CATALOG_FILE, RUN_ATTRIBUTES_FILE, Catalog, CatalogError, CatalogUnavailableError,
 )
+from lightning_energy.core.published import Published
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import measure
@@ -166,7 +167,7 @@ class CatalogCallback(MeteredCallback):
         record = self._snapshot(trainer, pl_module, cache=False, final=True)
         if not trainer.is_global_zero:
             return
-        target = _to_target(trainer)
+        target = _to_target(self.attachment.session.published)
         record = {**record, "metrics": {**record["metrics"], **target}}
         self.record = record
         try:
@@ -214,7 +215,7 @@ class CatalogCallback(MeteredCallback):
                                self._resumed.get("sensors", []))
         duration_s = max(distributed.gather(trainer, seconds)) + self._resumed.get("duration_s", 0.0)
         energy_J = sum(s["energy_J"] for s in sensors)
-        intensity, pue = _intensity(trainer)
+        intensity, pue = _intensity(self.attachment.session.published)
         flops = self.flops_per_step if self.flops_per_step is not None else self._counted_flops
         record = {
             "created_unix_s": time.time(),
@@ -271,28 +272,27 @@ def _add_resumed(sensors: list[dict], resumed: list[dict]) -> list[dict]:
     return out + list(before.values())
 
 
-def _intensity(trainer: Trainer):
-    from lightning_energy.callbacks.carbon import CarbonCallback
-
-    carbon = next((c for c in trainer.callbacks if isinstance(c, CarbonCallback)), None)
+def _intensity(published: Published) -> tuple[CarbonIntensity, float]:
+    """(intensity, PUE) a ``CarbonCallback`` of the Trainer published (``"carbon"``), else the world average
+    and PUE 1."""
+    carbon = published.get("carbon")
     if carbon is not None:
-        return carbon.intensity, carbon.pue
+        return carbon["intensity"], carbon["pue"]
     return world_average("no CarbonCallback in the Trainer"), 1.0
 
 
-def _to_target(trainer: Trainer) -> dict[str, float]:
-    """The figures of an ``EnergyToAccuracy`` in the Trainer: to its target (J, s, validation runs) when
-    reached; ``target_budget_exceeded`` 1 (and the energy and time spent) when its budget ended the run."""
-    from lightning_energy.callbacks.energy_to_accuracy import EnergyToAccuracy
-
-    eta = next((c for c in trainer.callbacks if isinstance(c, EnergyToAccuracy)), None)
+def _to_target(published: Published) -> dict[str, float]:
+    """The figures an ``EnergyToAccuracy`` of the Trainer published (``"energy_to_accuracy"``): to its target
+    (J, s, validation runs) when reached; ``target_budget_exceeded`` 1 (and the energy and time spent) when
+    its budget ended the run; nothing without one."""
+    eta = published.get("energy_to_accuracy")
     if eta is None:
         return {}
-    if eta.result is not None:
-        return {k: float(eta.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
-    if eta.gave_up is not None:
-        return {"target_budget_exceeded": 1.0, "energy_at_give_up_J": float(eta.gave_up["energy_J"]),
-                "time_at_give_up_s": float(eta.gave_up["time_s"])}
+    if eta["result"] is not None:
+        return {k: float(eta["result"][k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
+    if eta["gave_up"] is not None:
+        return {"target_budget_exceeded": 1.0, "energy_at_give_up_J": float(eta["gave_up"]["energy_J"]),
+                "time_at_give_up_s": float(eta["gave_up"]["time_s"])}
     return {}
 
 

@@ -20,6 +20,7 @@ from lightning_energy.measure.sensors.base import Sensor
 log_info = rank_zero_info_for(__name__)
 
 MODES = ("min", "max")
+PUBLISHED_NAME = "energy_to_accuracy"  # result and gave_up on the run's board (see the class docstring)
 
 
 def metric_value(trainer: Trainer, monitor: str) -> float | None:
@@ -42,6 +43,11 @@ class EnergyToAccuracy(MeteredCallback):
     Logged once, when reached (rank zero, through every logger): ``energy_to_target_J``,
     ``time_to_target_s``, ``epochs_to_target`` (validation runs of fit so far, counting the one that
     reached it). Also kept in :attr:`result`. With ``stop=True`` training ends there.
+
+    Other callbacks of the same Trainer (``CatalogCallback``) find :attr:`result` and :attr:`gave_up` on
+    the run's board (``session.published``, :class:`lightning_energy.core.published.Published`) under the
+    name ``"energy_to_accuracy"`` as ``{"result": dict | None, "gave_up": dict | None}``: published at
+    setup and again whenever either changes (reached, given up, restored from a checkpoint).
 
     A budget gives up on a run that has not reached the target: after a validation run whose figures so
     far (energy of all ranks, time of the slowest; read without waiting, so up to one sampling interval
@@ -104,6 +110,12 @@ class EnergyToAccuracy(MeteredCallback):
         self._validations = 0
         self._final_state = None
         self.gave_up = None
+        self._publish()
+
+    def _publish(self) -> None:
+        """Offer :attr:`result` and :attr:`gave_up` to the Trainer's other callbacks (while attached)."""
+        if self.attachment is not None:
+            self.attachment.session.published.publish(PUBLISHED_NAME, {"result": self.result, "gave_up": self.gave_up})
 
     @override
     def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
@@ -140,6 +152,7 @@ class EnergyToAccuracy(MeteredCallback):
             "metric": value,
             "target": self.target,
         }
+        self._publish()
         log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} reached {self.target:g} after "
                        f"{self.result['energy_to_target_J']:.1f} J and {self.result['time_to_target_s']:.1f} s")
         metrics = {k: float(self.result[k]) for k in ("energy_to_target_J", "time_to_target_s", "epochs_to_target")}
@@ -161,6 +174,7 @@ class EnergyToAccuracy(MeteredCallback):
         self.gave_up = {"energy_J": state["energy_J"], "time_s": state["time_s"],
                         "epochs": state["validations"], "metric": value, "target": self.target,
                         "reason": "; ".join(over)}
+        self._publish()
         log_info(f"EnergyToAccuracy: {self.monitor} = {value:g} has not reached {self.target:g}: "
                        f"{self.gave_up['reason']}; training ends")
         trainer.should_stop = True
@@ -204,3 +218,4 @@ class EnergyToAccuracy(MeteredCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resumed = {k: state_dict.get(k, 0) for k in ("energy_J", "time_s", "validations")}
         self.result = state_dict.get("result")
+        self._publish()

@@ -9,10 +9,9 @@ from lightning.pytorch import LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_energy.measure import ranks as distributed
-from lightning_energy.optimize.batch_size import batch_length
 from lightning_energy.predict.flops import FlopsRecorder, FlopsTable, count_model
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
-from lightning_energy.integration.lightning_internals import batches_that_stepped
+from lightning_energy.integration.lightning_internals import batches_that_stepped, first_batch_size
 from lightning_energy.integration.timeline import EpochFigures, StepFigures
 from lightning_energy.predict.peaks import Peak, device_peak, precision_of
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
@@ -160,14 +159,14 @@ class FlopsCallback(MeteredCallback):
         step = self._steps.setdefault(number, {"epoch": trainer.current_epoch, "samples": {}, "counted": False})
         if self.table is None and self._recorder is None:
             self._recorder = FlopsRecorder(pl_module)
-            self._recorder.batch_size = batch_length(batch)
+            self._recorder.batch_size = first_batch_size(batch)
             self._recorder.__enter__()
             self._counting_batch = True
             step["counted"] = True  # the counter slows the step down: left out of the rates
             return
         precision = self._precision(trainer)
         self._epoch_precisions.add(precision)
-        step["samples"][precision] = step["samples"].get(precision, 0) + (batch_length(batch) or 0)
+        step["samples"][precision] = step["samples"].get(precision, 0) + (first_batch_size(batch) or 0)
 
     @override
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:

@@ -117,12 +117,6 @@ class ForecastCallback(MeteredCallback):
             return
         self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
-        carbon = _carbon_callback(trainer)
-        if carbon is not None:
-            self._g_per_J, self._intensity, self._pue = carbon.g_per_J, carbon.intensity, carbon.pue
-        else:
-            self._intensity, self._pue = world_average("no CarbonCallback in the Trainer"), 1.0
-            self._g_per_J = self._intensity.g_per_kWh / J_PER_KWH
         self.forecasts, self.errors, self.report = [], [], None
         self._tracker = None
         self._plan: PlannedRun | None = None
@@ -132,6 +126,16 @@ class ForecastCallback(MeteredCallback):
         self._budget_decision: str | None = None
 
     # ---------------------------------------------------------------- fit
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # every callback's setup has run: a CarbonCallback has published its figures wherever it is listed
+        carbon = self.attachment.session.published.get("carbon")
+        if carbon is not None:
+            self._intensity, self._pue = carbon["intensity"], carbon["pue"]
+        else:
+            self._intensity, self._pue = world_average("no CarbonCallback in the Trainer"), 1.0
+        self._g_per_J = self._intensity.g_per_kWh * self._pue / J_PER_KWH  # gCO2e per J, as CarbonCallback's
+
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         try:
@@ -300,8 +304,3 @@ def _merge_ranks(trainer: Trainer, local: dict[str, float]) -> dict[str, float]:
     return {key: (max(v[key] for v in values) if key.endswith("s") else sum(v[key] for v in values))
             for key in local}
 
-
-def _carbon_callback(trainer: Trainer):
-    from lightning_energy.callbacks.carbon import CarbonCallback
-
-    return next((c for c in trainer.callbacks if isinstance(c, CarbonCallback)), None)

@@ -78,21 +78,6 @@ def _zeus_states():
     return Ready, Warmup, Profiling, Done
 
 
-def rank_gpu(trainer: Trainer):
-    """Zeus's ``GPU`` object of this rank's CUDA device, through the energy sensors' CUDA -> NVML mapping
-    (``gpu_index`` of the result is the NVML index, the one ``nvidia-smi -i`` takes)."""
-    root = trainer.strategy.root_device
-    if root.type != "cuda":
-        raise RuntimeError(
-            f"PowerLimitOptimizer sets NVIDIA GPU power limits, but this rank trains on {root}. Train on a GPU, "
-            "or pass gpu=lightning_energy.testing.gpu_sim.SimulatedGPU(...) to run against the simulator."
-        )
-    try:
-        return gpu_control.open_gpu(root.index)
-    except gpu_control.GpuControlError as err:
-        raise RuntimeError(f"PowerLimitOptimizer: {err}") from err
-
-
 # the card-control helpers live in lightning_energy.optimize.power_limit.gpu_control (shared with the sweep)
 default_limit_mW = gpu_control.default_limit_mW
 limit_permission_problem = gpu_control.permission_problem
@@ -160,7 +145,7 @@ class PowerLimitOptimizer(MeteredCallback):
         profile_path: a profile file: loaded and used without profiling when it exists, written when not.
         dry_run: never touch the card; profile the current limit only and report the limits that would be
             profiled and the expected profiling steps, time and energy.
-        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.testing.gpu_sim.SimulatedGPU``;
+        gpu: the device to control: a Zeus ``GPU`` object such as ``lightning_energy.simulate.gpu_sim.SimulatedGPU``;
             default: this rank's CUDA device, found through the energy sensors' CUDA -> NVML mapping.
         sensors: the sensors to measure with (default: the GPU's own sensor for a simulated GPU, else the
             shared auto-detected ones); only ``"device"``-scope sensors count.
@@ -261,7 +246,7 @@ class PowerLimitOptimizer(MeteredCallback):
         if stage != "fit" or self.attachment is not None:
             return
         Ready, Warmup, Profiling, Done = _zeus_states()
-        gpu = self.gpu if self.gpu is not None else rank_gpu(trainer)
+        gpu = self.gpu if self.gpu is not None else gpu_control.rank_gpu(trainer.strategy.root_device)
         low_mW, high_mW = gpu.get_power_management_limit_constraints()
         problem = None if self.dry_run else limit_permission_problem(gpu)
         everyone = distributed.gather(trainer, {"limits_mW": (int(low_mW), int(high_mW)), "problem": problem})

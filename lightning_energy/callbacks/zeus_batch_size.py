@@ -27,6 +27,7 @@ from lightning_energy.integration.base import MeteredCallback, rank_zero_info_fo
 from lightning_energy.integration.lightning_internals import batches_that_stepped
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.optimize.power_limit.gpu_control import rank_gpu
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.units import MW_PER_W
 
@@ -152,9 +153,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
     def _gpu_config_for(self, trainer: Trainer) -> dict:
         gpu = self.gpu
         if gpu is None and trainer.strategy.root_device.type == "cuda":
-            from lightning_energy.callbacks.power_limit import rank_gpu
-
-            gpu = rank_gpu(trainer)
+            gpu = rank_gpu(trainer.strategy.root_device, "ZeusBatchSizeOptimizer")
         max_W = self.max_power_W if self.max_power_W is not None else (
             gpu.get_power_management_limit_constraints()[1] / MW_PER_W if gpu is not None else None)
         model = self.gpu_model or (str(gpu.get_name()) if gpu is not None else None)

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "catalog": "lightning_energy.cli.commands.catalog",
     "bso-server": "lightning_energy.cli.commands.bso_server",
     "restore-power-limit": "lightning_energy.cli.commands.restore_power_limit",
+    "monitor": "lightning_energy.cli.commands.monitor",
 }
 
 

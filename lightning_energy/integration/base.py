@@ -91,6 +91,11 @@ class MeteredCallback(Callback):
     def attachment(self):
         return self.__dict__.get("_attachment")
 
+    @property
+    def user_sensors(self) -> list[Sensor] | None:
+        """The sensors given at construction (None: auto-detected)."""
+        return self.__dict__.get("_user_sensors")
+
     # ------------------------------------------------------------------ life cycle
     def attach(self, trainer, sensors: list[Sensor] | None = None, backend: str = "auto",
                interval_s: float = DEFAULT_INTERVAL_S, cuda_events: bool = True):
@@ -197,6 +202,17 @@ class MeteredCallback(Callback):
             rank_zero_warn(f"lightning-energy: {problem}; training is not affected")
             return None
         return Path(path)
+
+
+def report_sections(trainer, reporter) -> dict:
+    """The tables other callbacks add to the energy report (``energy_report_section(trainer)``, e.g.
+    PrecisionSwitch's per-mode table), ``reporter`` left out. Collective: every rank calls it."""
+    sections: dict = {}
+    for callback in trainer.callbacks:
+        section = getattr(callback, "energy_report_section", None)
+        if callback is not reporter and callable(section):
+            sections.update(section(trainer) or {})
+    return sections
 
 
 def rank_zero_info_for(module: str) -> Callable[[str], None]:

@@ -1,85 +1,49 @@
-"""One measurement session per Trainer: this rank's sensors, the shared sampler, one Meter, one Timeline.
+"""One measurement session per Trainer: the run's :class:`~lightning_energy.core.run.RunSession`, keyed by
+its Trainer, with the Trainer's ranks, device clock and device placement.
 
 Every callback of the suite attaches to the session of its Trainer in ``setup`` and detaches in
-``teardown``. The first to attach opens it; the sensors of all attached callbacks are read by the one
-sampling thread of the process, and all marks go through the one :class:`~lightning_energy.measure.meter.Meter`
-whose boundaries the Trainer's :class:`~lightning_energy.integration.timeline.Timeline` places. When the
-last callback detaches the session closes, so a second ``fit`` on the same Trainer gets a fresh one.
+``teardown``. The first to attach opens it; when the last callback detaches the session closes, so a
+second ``fit`` on the same Trainer gets a fresh one.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_energy.measure.meter import Meter
+from lightning_energy.core.collective import Collective
+from lightning_energy.core.run import Attachment, RunSession, sensors_for_rank
+from lightning_energy.integration.timeline import TrainerTimeline
+from lightning_energy.measure import ranks
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, Sampler, get_sampler
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.clocks import device_clock
-from lightning_energy.measure.sensors.detect import (
-    default_sensors, other_cuda_devices, other_device_sensors, other_devices_note, zeus_sensors,
-)
+from lightning_energy.measure.sensors.detect import other_cuda_devices, other_device_sensors, other_devices_note
+
+__all__ = ["Attachment", "TrainerSession", "attach", "detach", "rank_sensors", "session_of", "trainer_collective"]
 
 
 def rank_sensors(trainer, sensors: list[Sensor] | None = None, backend: str = "auto"):
     """(sensors, notes, zeus backend) for this rank: host sensors on local rank 0 only."""
     root = trainer.strategy.root_device
-    cuda_index = root.index if root.type == "cuda" else None
-    read_host = trainer.local_rank == 0
-    if sensors is not None:
-        return [s for s in sensors if s.scope == "device" or read_host], [], None
-    if backend == "zeus":
-        found, zeus = zeus_sensors(cuda_index, read_host)
-        return found, [], zeus
-    found, notes = default_sensors(cuda_index, read_host)
-    return found, notes, None
+    return sensors_for_rank(root.index if root.type == "cuda" else None, trainer.local_rank == 0, sensors, backend)
 
 
-
-@dataclass(eq=False)
-class Attachment:
-    """What one callback holds while attached: the shared session and the sensors it asked for."""
-
-    session: "TrainerSession"
-    owner: object
-    sensors: list[Sensor]
-    notes: list[str] = field(default_factory=list)  # one-time warnings about what could not be measured
-    zeus: object = None  # the ZeusBackend when backend="zeus"
-    auto: bool = False  # its sensors were auto-detected (backend "auto"): the session may add to them
-
-    @property
-    def sensor_names(self) -> list[str]:
-        return [s.name for s in self.sensors]
-
-    @property
-    def timeline(self):
-        return self.session.timeline
-
-    @property
-    def meter(self) -> Meter:
-        return self.session.meter
-
-    @property
-    def sampler(self) -> Sampler:
-        return self.session.sampler
+def trainer_collective(trainer) -> Collective:
+    """The Trainer's ranks, gathering through its process group (a single process when none is initialised)."""
+    distributed = trainer.world_size > 1 and ranks.initialised()
+    return Collective(trainer.world_size, trainer.global_rank, trainer.local_rank,
+                      (lambda value: ranks.gather(trainer, value)) if distributed else None)
 
 
-class TrainerSession:
-    """The sampler, Meter and Timeline of one Trainer, shared by the callbacks attached to it."""
+class TrainerSession(RunSession):
+    """The run session of one Trainer, shared by the callbacks attached to it; its ``timeline`` is the
+    Trainer's view (:class:`~lightning_energy.integration.timeline.TrainerTimeline`) of the core timeline."""
 
     def __init__(self, trainer, sampler: Sampler, clock) -> None:
-        from lightning_energy.integration.timeline import Timeline
-
-        self.sampler = sampler
-        self.meter = Meter(sampler, [], clock)
-        sampler.add_meter(self.meter)
-        self.attachments: dict[int, Attachment] = {}
-        self.auto_sensors: list[Sensor] | None = None  # auto-detected once, shared by every "auto" callback
-        self.timeline = Timeline(trainer, self.meter, sampler, on_train_start=self._note_other_devices)
-        self._device_owner = object()  # holds the sensors of devices besides the root, added at train start
-        self.samples_at_open = sampler.samples_taken
+        super().__init__(sampler, clock, trainer_collective(trainer), trainer, on_train_start=self._note_other_devices)
+        self.timeline = TrainerTimeline(self.timeline)
 
     def _note_other_devices(self, trainer) -> None:
         """Once per fit, when the model sits on its devices (train start, after the strategy and the module's
@@ -98,7 +62,7 @@ class TrainerSession:
             return
         auto = [a for a in self.attachments.values() if a.auto]
         sensors, notes = other_device_sensors(module, root) if auto else ([], [])
-        sensors = self._measure_from_now(sensors, auto)
+        sensors = self.measure_from_now(sensors, auto)
         if sensors:
             notes[0] = (other_devices_note(root, devices, sensors) + " They are measured from train start, "
                         "for the callbacks whose sensors are auto-detected.")
@@ -110,49 +74,6 @@ class TrainerSession:
             for attachment in self.attachments.values():
                 if note not in attachment.notes:
                     attachment.notes.append(note)
-
-    def _measure_from_now(self, sensors: list[Sensor], attachments: list[Attachment]) -> list[Sensor]:
-        """Acquire ``sensors`` for the session (held until it closes) and add them to ``attachments`` and the
-        meter; marks already resolved (the fit's start) get each one's first reading. The sensors opened."""
-        if not sensors:
-            return []
-        names = self.sampler.acquire(self._device_owner, sensors, self.sampler.interval_s)  # waits for a first point
-        opened = [s for s in sensors if s.name in names]
-        with self.sampler._lock:  # the sampling thread resolves marks under it
-            for sensor in opened:
-                if sensor.name not in self.meter.sensor_names:
-                    self.meter.sensor_names.append(sensor.name)
-                first = self.sampler.series[sensor.name].energies[:1]
-                start = self.timeline.fit_start
-                if first and start is not None and start.resolved:
-                    start.energy.setdefault(sensor.name, first[0])
-        for attachment in attachments:
-            attachment.sensors.extend(s for s in opened if s not in attachment.sensors)
-        return opened
-
-    def add(self, attachment: Attachment, interval_s: float) -> None:
-        names = self.sampler.acquire(attachment, attachment.sensors, interval_s)
-        dropped = [s for s in attachment.sensors if s.name not in names]
-        attachment.sensors = [s for s in attachment.sensors if s.name in names]
-        for sensor in dropped:
-            attachment.notes.append(next((line for line in self.sampler.open_failures if repr(sensor.name) in line),
-                                         f"sensor {sensor.name!r} could not be opened and is not measured"))
-        for name in names:
-            if name not in self.meter.sensor_names:
-                self.meter.sensor_names.append(name)
-        self.attachments[id(attachment.owner)] = attachment
-
-    def remove(self, owner: object) -> bool:
-        """Detach ``owner``; True when it was the last one (the session is then closed)."""
-        attachment = self.attachments.pop(id(owner), None)
-        if attachment is not None:
-            self.sampler.release(attachment)
-        if self.attachments:
-            return False
-        self.sampler.release(self._device_owner)
-        self.timeline.close()
-        self.sampler.remove_meter(self.meter)
-        return True
 
 
 _SESSIONS: "weakref.WeakKeyDictionary[object, TrainerSession]" = weakref.WeakKeyDictionary()

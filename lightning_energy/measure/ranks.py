@@ -5,14 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 
+def initialised() -> bool:
+    """Whether ``torch.distributed``'s default process group is up."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
 def gather(trainer, value: Any) -> list[Any]:
     """``value`` from every rank (a list of one outside distributed runs). Collective: all ranks call it."""
-    if trainer.world_size <= 1:
+    if trainer.world_size <= 1 or not initialised():
         return [value]
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered

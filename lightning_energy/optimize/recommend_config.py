@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning_energy.filenames import REPORT_FILE
 from lightning_energy.optimize.recommend import Lever, RunOutcome, Target, co2_g
 
 DEFAULT_CLI = "lightning_energy.optimize.recommend_config"
@@ -221,8 +222,6 @@ class ConfigRunner:
 
 def sensor_failures(log_dir: Path) -> str | None:
     """The first sensor failure the run's ``energy_report.json`` names (``"cpu_estimate failed: ..."``), or None."""
-    from lightning_energy.outputs.report import REPORT_FILE
-
     try:
         report = json.loads((log_dir / REPORT_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):

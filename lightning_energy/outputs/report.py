@@ -6,10 +6,9 @@ import math
 import platform
 import time
 
+from lightning_energy.filenames import REPORT_FILE  # noqa: F401  (the report file, named where it is built)
 from lightning_energy.provenance import ESTIMATED, KINDS, MEASURED, SIMULATED, combine, of_entry, of_report, tagged
 from lightning_energy.units import J_PER_KWH
-
-REPORT_FILE = "energy_report.json"
 
 
 def version() -> str:
@@ -77,7 +76,12 @@ def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) ->
 
 
 def format_report(report: dict) -> str:
-    """The console table: one row per sensor and rank, then the totals; each figure says where it comes from."""
+    """The console table: one row per sensor and rank, then the totals; each figure says where it comes from.
+
+    Where the report holds ``power_figures`` (``{"drawn": n, "epochs": m, "rule": "..."}``, from
+    :meth:`~lightning_energy.outputs.tensorboard.TensorBoardExtras.figure_summary`), one line says how many
+    epochs got a power figure in TensorBoard and by what rule.
+    """
     header = f"{'sensor':<18} {'rank':>4} {'scope':<6} {'energy J':>12} {'mean W':>9}  {'how':<9} source"
     total = tagged(f"{report['total_J']:.1f} J = {report['total_kWh']:.3g} kWh", of_report(report))
     lines = [
@@ -102,6 +106,10 @@ def format_report(report: dict) -> str:
     if report.get("simulated_J"):
         lines.append(f"note: {report['simulated_J']:.2f} J of the total is SIMULATED (a programmed power trace or a "
                      "simulated GPU), not a measurement")
+    figures = report.get("power_figures")
+    if isinstance(figures, dict) and "drawn" in figures:
+        lines.append(f"power figures in TensorBoard: {figures['drawn']} of {figures.get('epochs', '?')} epoch(s) "
+                     f"({figures.get('rule', 'rule not recorded')})")
     if report.get("sections"):
         lines.append(f"sections in the JSON report: {', '.join(sorted(report['sections']))}")
     for s in report["sensors"]:

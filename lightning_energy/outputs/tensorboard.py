@@ -29,12 +29,19 @@ from lightning_energy.measure.sampler import Reading
 
 MAX_FIGURE_POINTS = 4000  # per epoch; older points are thinned by half when exceeded
 FIGURE_TAG = "power/trace"
-# At most this fraction of the wall time since the first epoch end goes into drawing figures (the
-# drawing thread shares the interpreter lock with training): an epoch whose figure would exceed it
-# gets none. Epochs of seconds or more all get their figure; thousands of millisecond epochs do not.
 MIN_FIGURE_SAMPLES = 10  # an epoch with fewer samples gets no power figure (half a second at 20 Hz)
 FLUSH_INTERVAL_S = 1.0  # writers flushed at most this often when there is no figure to write
+#: The default drawing budget of :class:`TensorBoardExtras`: beyond the epochs that always get a power
+#: figure (the first three, the last and each most expensive so far), an epoch gets one only while the time spent
+#: drawing stays under this fraction of the wall time since the first epoch end (the drawing thread shares the
+#: interpreter lock with training; a figure takes about 0.1 s of it on one 2-GHz core). Epochs of 10 s or more
+#: all get their figure; thousands of millisecond epochs do not.
 FIGURE_BUDGET = 0.01
+#: The first epochs (with enough samples) that always get a power figure: a short run gets one per epoch
+ALWAYS_DRAWN_EPOCHS = 3
+#: How the epochs that get a power figure are chosen, in words (the report's ``power_figures["rule"]``)
+FIGURE_RULE = (f"the first {ALWAYS_DRAWN_EPOCHS}, the last and each most expensive epoch so far; others while "
+               "drawing takes under {budget}")
 #: HParams metrics written at fit end: TensorBoard tag -> key of the energy report (J, s, W)
 REPORT_METRICS = {
     "report/energy_total_J": "total_J",
@@ -49,6 +56,15 @@ REPORT_TEXT_TAG = "lightning-energy/report"
 ENERGY_HOW_HPARAM = "Energy_how"
 #: tags logged by other callbacks or the module that the HParams table shows when the run has them
 EXTRA_HPARAM_METRICS = ("carbon/total_gCO2e", "hp_metric")
+
+
+def check_figure_budget(figure_budget):
+    """``figure_budget`` if it is a fraction of the run's time from 0 to 1, or None; else a ValueError."""
+    if figure_budget is not None and (isinstance(figure_budget, bool) or not isinstance(figure_budget, (int, float))
+                                      or not 0.0 <= figure_budget <= 1.0):
+        raise ValueError(f"figure_budget must be a fraction of the run's time from 0 to 1 (0.01 = 1 %) or None "
+                         f"(a figure every epoch), got {figure_budget!r}")
+    return figure_budget
 
 
 class EpochPowerRecorder:
@@ -71,14 +87,40 @@ class EpochPowerRecorder:
             del points[::2]
 
 
+def epoch_energy_J(points) -> float:
+    """The energy (J) of an epoch's power points (``(t s, {sensor: W})``): each sensor's power integrated over
+    time by the trapezoid rule between its own points, summed over sensors. Thinned points (see
+    :data:`MAX_FIGURE_POINTS`) give an approximation, good enough to rank epochs."""
+    by_sensor: dict[str, tuple[list[float], list[float]]] = {}
+    for t, powers in points:
+        for name, watts in powers.items():
+            times, values = by_sensor.setdefault(name, ([], []))
+            times.append(t)
+            values.append(watts)
+    return sum(0.5 * (w0 + w1) * (t1 - t0)
+               for times, values in by_sensor.values()
+               for t0, t1, w0, w1 in zip(times, times[1:], values, values[1:]))
+
+
 class TensorBoardExtras:
-    """Writes the layout once and the power figure each epoch to every TensorBoard writer, off the training thread.
+    """Writes the layout once and the power figure of epochs to every TensorBoard writer, off the training thread.
+
+    Which epochs get a power figure (:data:`FIGURE_RULE`): always the first :data:`ALWAYS_DRAWN_EPOCHS` (3),
+    the last (drawn at :meth:`close` if it had none) and every epoch that used more energy than each before it;
+    any other epoch while the time spent drawing stays under ``figure_budget`` of the wall time since the first
+    epoch end. A run of up to 4 epochs thus gets a figure per epoch; a run of many short epochs gets its first
+    three, its last, its most expensive so far and a sample of the rest. Epochs with fewer than
+    :data:`MIN_FIGURE_SAMPLES` samples get none. :meth:`figure_summary` says how many were drawn (the report's
+    ``power_figures``).
 
     Args:
         writers: ``SummaryWriter``-like objects (``add_custom_scalars``, ``add_image``, ``flush``).
         worker: the background worker (default: a new one, started on the first epoch end).
-        figure_budget: the fraction of wall time figures may take (``None``: a figure every epoch).
+        figure_budget: the fraction (0 to 1) of the run's wall time that the figures beyond the first three, the
+            last and the most expensive so far may take (default :data:`FIGURE_BUDGET`, 1 %; ``0``: those
+            epochs only; ``None``: a figure every epoch).
         warn: warn once per problem besides recording it in :attr:`problems`.
+        clock: seconds for the drawing budget (default ``time.perf_counter``; tests pass a fake clock).
 
     Call :meth:`close` at the end of the fit (before the loggers finalize): it drains the queued work
     within a bound. :meth:`for_trainer` also makes each writer's ``close`` (called by the logger's
@@ -86,13 +128,19 @@ class TensorBoardExtras:
     """
 
     def __init__(self, writers: list, worker: OutputWorker | None = None, figure_budget: float | None = FIGURE_BUDGET,
-                 warn: bool = True) -> None:
+                 warn: bool = True, clock=time.perf_counter) -> None:
+        check_figure_budget(figure_budget)
         self.writers = list(writers)
         self.layout_written = False
         self.worker = worker if worker is not None else OutputWorker("lightning-energy-tensorboard", warn=warn)
         self.figure_budget = figure_budget
+        self.clock = clock
         self.figures_drawn = 0
         self.figures_skipped = 0  # over the drawing budget, or replaced by a newer epoch's figure before drawn
+        self.epochs_seen = 0  # epochs handed to after_epoch with their power (figure or not)
+        self._epochs_pictured = 0  # epochs with enough samples for a figure (drawn or not)
+        self._most_energy_J = -math.inf  # the most energy (J) of an epoch so far
+        self._held: tuple | None = None  # (points, epoch) of the latest epoch without a figure: drawn if it is the last
         self.notes: list[str] = []  # what is left out by design (not a fault): skipped figures
         self.figures_too_short = 0  # epochs with fewer than MIN_FIGURE_SAMPLES samples: no figure
         self._last_flush = -math.inf
@@ -144,30 +192,65 @@ class TensorBoardExtras:
         self._hooks.append((writer, close))
 
     # ---------------------------------------------------------------- the training thread: references only
-    def after_epoch(self, trainer, epoch: int, power_points) -> None:
-        """Queue this epoch's outputs (the layout the first time, the power figure, a flush); never waits."""
+    def after_epoch(self, trainer, epoch: int, power_points, energy_J: float | None = None) -> None:
+        """Queue this epoch's outputs (the layout the first time, the power figure, a flush); never waits.
+
+        ``power_points``: the epoch's ``(t s, {sensor: W})`` (None: no figure wanted); ``energy_J``: the epoch's
+        energy (J) that ranks it for the "most expensive so far" rule (default: integrated from the points).
+        """
         if self._closed or not self.writers:
             return
         worker = self.worker
         if not self.layout_written:
             self.layout_written = True
             worker.submit(self._write_layout, list(trainer.logged_metrics), what="TensorBoard layout")
-        now = time.perf_counter()
+        now = self.clock()
         if self._first_epoch_end is None:
             self._first_epoch_end = now
+        if power_points is not None:
+            self.epochs_seen += 1
+            self._held = None  # a later epoch came: the one held is not the last
         if power_points is not None and len(power_points) < MIN_FIGURE_SAMPLES:
             self.figures_too_short += 1  # a few samples make no picture (one-batch epochs of milliseconds)
         elif power_points:
-            budget = self.figure_budget
-            if budget is not None and self.figures_drawn and self.figure_s > budget * (now - self._first_epoch_end):
-                self.figures_skipped += 1
-            else:
-                worker.submit(self._write_figure, power_points, epoch, what="power figure", key="power figure")
+            reason = self._figure_reason(power_points, energy_J, now)
+            if reason is not None:  # a figure the rule guarantees is never replaced by a later one before drawn
+                worker.submit(self._write_figure, power_points, epoch, what="power figure",
+                              key="power figure" if reason == "budget" else None)
                 self._last_flush = now
                 return  # the figure job flushes
+            self.figures_skipped += 1
+            self._held = (power_points, epoch)  # drawn at close if no later epoch comes
         if now - self._last_flush >= FLUSH_INTERVAL_S:  # short epochs: at most one flush a second
             self._last_flush = now
             worker.submit(self._flush, what="TensorBoard flush", key="flush")
+
+    def _figure_reason(self, points, energy_J: float | None, now: float) -> str | None:
+        """Why this epoch gets a power figure ("early", "most expensive" or "budget"), None when it gets none
+        now (see :data:`FIGURE_RULE`); ``energy_J`` (J) defaults to the points' integral."""
+        energy_J = epoch_energy_J(points) if energy_J is None else energy_J
+        most_expensive = energy_J > self._most_energy_J
+        self._most_energy_J = max(self._most_energy_J, energy_J)
+        self._epochs_pictured += 1
+        if self._epochs_pictured <= ALWAYS_DRAWN_EPOCHS:
+            return "early"
+        if most_expensive:
+            return "most expensive"
+        return "budget" if self._within_budget(now) else None
+
+    def _within_budget(self, now: float) -> bool:
+        """Whether the time spent drawing so far (s) is under ``figure_budget`` of the time since the first
+        epoch end (always, with no budget)."""
+        budget = self.figure_budget
+        return budget is None or self.figure_s < budget * (now - self._first_epoch_end)
+
+    def figure_summary(self) -> dict:
+        """How many power figures were drawn, over how many epochs, and by what rule (for the report's
+        ``power_figures``; final after :meth:`close`)."""
+        budget = "no limit" if self.figure_budget is None else f"{self.figure_budget:.0%} of the run's time"
+        return {"drawn": self.figures_drawn, "epochs": self.epochs_seen,
+                "rule": ("every epoch" if self.figure_budget is None else FIGURE_RULE.format(budget=budget))
+                        + f"; epochs under {MIN_FIGURE_SAMPLES} samples get none"}
 
     # ---------------------------------------------------------------- the worker thread
     def _live_writers(self) -> list:
@@ -196,7 +279,7 @@ class TensorBoardExtras:
     def _write_figure(self, points, epoch: int) -> None:
         if not self._live_writers():
             return
-        started = time.perf_counter()
+        started = self.clock()
         try:
             figure = power_figure(points, epoch, self.sensor_provenance)
             image = figure_image(figure)
@@ -205,7 +288,7 @@ class TensorBoardExtras:
             self.figures_drawn += 1
             self._each_writer("flushing", lambda w: w.flush())
         finally:
-            self.figure_s += time.perf_counter() - started
+            self.figure_s += self.clock() - started
 
     def _flush(self) -> None:
         self._each_writer("flushing", lambda w: w.flush())
@@ -256,14 +339,17 @@ class TensorBoardExtras:
         self._hp_metric_defaults = []
         if self._closed:
             return self.worker.pending() == 0
+        if self._held is not None:  # the last epoch had no figure: it always gets one
+            points, epoch = self._held
+            self._held = None
+            if self.worker.submit(self._write_figure, points, epoch, what="power figure"):
+                self.figures_skipped -= 1
         self._closed = True
         finished = self.worker.close(timeout_s)
         skipped = self.figures_skipped + self.worker.dropped.get("power figure", 0)
         if skipped:
-            budget = ("" if self.figure_budget is None
-                      else f"drawing is kept under {self.figure_budget:.0%} of the run's time; ")
-            self.notes.append(f"power figure: {skipped} epoch(s) have none ({budget}a newer epoch's figure replaces "
-                              f"one not drawn yet); {self.figures_drawn} drawn")
+            self.notes.append(f"power figure: {skipped} epoch(s) have none ({self.figure_summary()['rule']}; a newer "
+                              f"epoch's figure replaces one not drawn yet); {self.figures_drawn} drawn")
         if self.figures_too_short:
             self.notes.append(f"power figure: {self.figures_too_short} epoch(s) have none (fewer than "
                               f"{MIN_FIGURE_SAMPLES} samples: too short for a picture); their power is in the trace")

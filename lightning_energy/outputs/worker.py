@@ -17,18 +17,12 @@ import warnings
 from collections import deque
 from typing import Any, Callable
 
+from lightning_energy.io import describe_error
+
 DEFAULT_MAX_PENDING = 8
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 IDLE_EXIT_S = 30.0  # an idle worker thread exits; the next submit starts a new one
 WARNING_PREFIX = "lightning-energy: "
-
-
-def describe_error(err: BaseException) -> str:
-    """``err`` as one short line: ``OSError: [Errno 28] No space left on device: 'path'``."""
-    text = " ".join(str(err).split())
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 class ProblemLog:

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_energy.optimize.batch_size import batch_length
+from lightning_energy.integration.lightning_internals import first_batch_size
 
 ROOT_ROW = "(model)"  # the name of a model that is itself a single layer
 OTHER_ROW = "(other ops)"  # FLOPs outside any leaf module: functional calls, losses, non-leaf parameters
@@ -305,7 +305,7 @@ def count_model(model: nn.Module, example_input: Any, backward: bool = True) -> 
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         with FlopsRecorder(model) as recorder:
-            recorder.batch_size = batch_length(example_input)
+            recorder.batch_size = first_batch_size(example_input)
             if isinstance(example_input, dict):
                 output = model(**example_input)
             elif isinstance(example_input, (tuple, list)):

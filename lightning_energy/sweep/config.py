@@ -117,7 +117,7 @@ def _int(value, key: str, low: int) -> int:
 
 def _class_spec(spec, key: str) -> dict:
     if not isinstance(spec, dict) or not isinstance(spec.get("class_path"), str):
-        raise SweepConfigError(f"`{key}` needs `class_path` (e.g. lightning_energy.testing.example_model.TinyAutoencoder) "
+        raise SweepConfigError(f"`{key}` needs `class_path` (e.g. lightning_energy.simulate.example_model.TinyAutoencoder) "
                                "and optional `init_args`")
     extra = sorted(set(spec) - {"class_path", "init_args"})
     if extra:
@@ -253,7 +253,7 @@ def _watts(value, zero: bool = False) -> bool:
 
 def _gpu_spec(raw) -> dict:
     """``sensors.simulated.gpu`` checked: a workload preset, StepModel overrides and SimulatedGPU arguments."""
-    from lightning_energy.testing import gpu_sim
+    from lightning_energy.simulate import gpu_sim
 
     if not isinstance(raw, dict):
         raise SweepConfigError("sensors.simulated.gpu must be a mapping (workload, step, min_limit_W, ...)")
@@ -282,10 +282,10 @@ def _gpu_spec(raw) -> dict:
 
 
 def make_simulated_gpu(spec: dict, clock=None, gpu_index: int = 0):
-    """A :class:`~lightning_energy.testing.gpu_sim.SimulatedGPU` from a checked ``sensors.simulated.gpu`` spec."""
+    """A :class:`~lightning_energy.simulate.gpu_sim.SimulatedGPU` from a checked ``sensors.simulated.gpu`` spec."""
     import dataclasses
 
-    from lightning_energy.testing import gpu_sim
+    from lightning_energy.simulate import gpu_sim
 
     step = dataclasses.replace(getattr(gpu_sim, spec["workload"].upper()), **spec["step"])
     kwargs = {k: spec[k] for k in GPU_KEYS[2:] if k in spec}

@@ -10,8 +10,8 @@ measured energy.
 Power limits (``grid.power_limit_W``):
 
 - simulated (``sensors: {simulated: ...}``): every run trains on a simulated GPU
-  (:class:`lightning_energy.testing.gpu_sim.SimulatedGPU`, the V100 model of the power-limit study, through
-  :class:`~lightning_energy.testing.gpu_sim.SimulatedWorkload`): each training batch is also a step on the
+  (:class:`lightning_energy.simulate.gpu_sim.SimulatedGPU`, the V100 model of the power-limit study, through
+  :class:`~lightning_energy.simulate.gpu_sim.SimulatedWorkload`): each training batch is also a step on the
   simulated card, which takes the model's time and draws the model's power under the run's limit, so
   below the draw the workload asks for steps slow down and energy per step follows the model. The card's
   energy counter is the device sensor. ``power_limit_W: null`` runs at the card's default limit.
@@ -81,7 +81,7 @@ def simulated_hardware(simulated: dict, power_limit_W: float | None, clock=None)
     Otherwise a device sensor drawing ``device_W``. ``clock``: a fake clock with ``advance`` (tests) or
     None for real time (the simulated steps then sleep).
     """
-    from lightning_energy.testing.simulated_sensor import SimulatedSensor
+    from lightning_energy.simulate.simulated_sensor import SimulatedSensor
 
     now = clock if clock is not None else time.perf_counter
     host_W = simulated["host_W"]
@@ -89,7 +89,7 @@ def simulated_hardware(simulated: dict, power_limit_W: float | None, clock=None)
     if simulated["gpu"] is None:
         return SimulatedHardware([SimulatedSensor("sim_device", simulated["device_W"], scope="device", clock=now),
                                   *host], [])
-    from lightning_energy.testing.gpu_sim import SimulatedWorkload
+    from lightning_energy.simulate.gpu_sim import SimulatedWorkload
 
     gpu = make_simulated_gpu(simulated["gpu"], clock)
     if power_limit_W is not None:

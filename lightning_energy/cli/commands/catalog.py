@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from lightning_energy.cli.commands.common import table
+from lightning_energy.cli.commands.common import cell, table
 from lightning_energy.provenance import of_entry, word
 
 HELP = "the run catalog (SQLite) of every fit: list, show ID, compare ID ID, export CSV"
@@ -71,9 +71,11 @@ def run(args) -> int:
 
 
 def format_fit(fit: dict) -> str:
+    """``catalog show``: every recorded field (numbers rounded as in the tables, ``-`` for none), the energy
+    per sensor, the final metrics and the config."""
     lines = [f"fit {fit['id']}: {fit['model']}"]
     for key in COMPARED[1:] + ("intensity_label", "run_dir"):
-        lines.append(f"  {key:<20} {fit[key] if fit[key] is not None else '-'}")
+        lines.append(f"  {key:<20} {cell(fit[key])}")  # numbers rounded as in the tables
     lines.append("  energy per sensor:")
     for s in fit["sensors"]:
         how = word(of_entry(s))

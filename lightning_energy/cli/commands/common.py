@@ -19,14 +19,15 @@ def load_runs_or_fail(run_dirs: list[Path]):
 
 def table(header: list[str], rows: list[list]) -> str:
     """A fixed-width text table: numbers right-aligned with 4 significant digits or 2 decimals."""
-    cells = [[_cell(v) for v in row] for row in rows]
+    cells = [[cell(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
 
 
-def _cell(value) -> str:
+def cell(value) -> str:
+    """A value as the tables print it: numbers with 4 significant digits, or 2 decimals from 100 up."""
     if value is None:
         return "-"
     if isinstance(value, bool) or isinstance(value, int):

@@ -2,11 +2,13 @@
 
 Each run's cumulative energy is resampled from fit start to fit end (linearly, ``--rate-hz``, default
 4 Hz) and its power derived from it (the mean power over each grid interval: never outside the power
-the samples hold), padded to the longest run and masked there, and averaged per group: with ``--by ATTR``
+the samples hold), padded to the longest run, and averaged per group (the power over the runs still going,
+drawn below the curves as n(t); the cumulative energy holding a finished run at its total, so the mean curve
+ends at the table's mean): with ``--by ATTR``
 (a run attribute such as precision, batch_size or power_limit_W, from the run dir's
 ``run_attributes.json``, ``hparams.yaml``, LightningCLI's ``config.yaml`` or ``energy_report.json``) the
 runs sharing a value, so repetitions are averaged; without it each run is its own group (unrelated runs
-are never averaged). A fit
+are never averaged). Legends name a group by the attribute (``batch_size=128 (n=2)``). A fit
 boundary up to two sampling intervals outside the samples continues the nearest sample's power (the
 ``extrapolated_s`` column); further out is an error. Writes ``compare.json``, ``compare_power.png`` and
 ``compare_energy.png`` into ``--out``. A rate that would put more than ``MAX_GRID_POINTS``
@@ -79,10 +81,11 @@ def run(args) -> int:
     files: dict[Path, bytes | str] = {args.out / "compare.json": json.dumps(result, indent=1) + "\n"}
     if not args.no_plots:
         how = result["provenance"]
-        files[args.out / "compare_power.png"] = plots.band_figure(result["groups"], "power_W", "power (W)",
-                                                                  "power, mean ± std", how)
+        files[args.out / "compare_power.png"] = plots.band_figure(
+            result["groups"], "power_W", "power (W)", "power of the runs still going, mean ± std", how, args.by)
         files[args.out / "compare_energy.png"] = plots.band_figure(
-            result["groups"], "energy_J", "cumulative energy (J)", "cumulative energy, mean ± std", how)
+            result["groups"], "energy_J", "cumulative energy (J)",
+            "cumulative energy (a finished run held at its total), mean ± std", how, args.by)
         if reached:
             files[args.out / "compare_frontier.png"] = plots.frontier_figure(result["runs"], args.by, how)
     for path in plots.write_files(files):

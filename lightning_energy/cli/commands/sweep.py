@@ -64,7 +64,7 @@ def run(args) -> int:
     notes.append("s/step, dev J/step: training time and device energy per step (between the steps included)")
     if config.power_limits == "simulated":
         gpu = config.simulated["gpu"]
-        notes.append(f"* power limits are SIMULATED on lightning_energy.testing.gpu_sim's GPU ({gpu['workload']} workload, "
+        notes.append(f"* power limits are SIMULATED on lightning_energy.simulate.gpu_sim's GPU ({gpu['workload']} workload, "
                      f"limits {gpu['min_limit_W']}-{gpu['max_limit_W']} W): steps slow down below the draw the "
                      "workload asks for; the model's own figures are model_time_per_step_s and "
                      f"model_device_J_per_step in {RESULTS_JSON}")

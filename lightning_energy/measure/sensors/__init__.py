@@ -1,5 +1,5 @@
 """Energy sensors: the public base class and the built-in sources (the simulated one is
-:mod:`lightning_energy.testing.simulated_sensor`)."""
+:mod:`lightning_energy.simulate.simulated_sensor`)."""
 
 from lightning_energy.measure.sensors.base import Sensor, validate_sensors
 from lightning_energy.measure.sensors.cpu_model import CpuEstimateSensor

@@ -13,15 +13,14 @@ from pathlib import Path
 
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.sensors.cpu_model import CpuEstimateSensor
-from lightning_energy.measure.sensors.nvml import (
+from lightning_energy.measure.sensors.nvml import (  # noqa: F401  (the CUDA -> NVML mapping, named here too)
     CudaDeviceMappingError,
     MigDeviceError,
     NvmlError,
     NvmlGpu,
     NvmlGpuSensor,
-    nvml_gpu_for_cuda_device,
-    nvml_index_for_cuda_device,
-    nvml_session,
+    nvml_gpu_of_cuda_device,
+    nvml_index_of_cuda_device,
     uuid_body,
 )
 from lightning_energy.measure.sensors import rapl
@@ -30,33 +29,6 @@ from lightning_energy.measure.sensors.rapl import RaplSensor, find_rapl_zones, u
 BACKENDS = ("auto", "zeus")
 # Why a GPU cannot be measured: no pynvml, NVML failing, a device we cannot name for certain, a MIG instance.
 GPU_UNREADABLE = (ImportError, NvmlError, CudaDeviceMappingError, MigDeviceError)
-
-
-def _pynvml(pynvml_module):
-    if pynvml_module is None:
-        import pynvml as pynvml_module
-    return pynvml_module
-
-
-def nvml_index_of_cuda_device(cuda_index: int, pynvml_module=None) -> int:
-    """The NVML index (``nvidia-smi -i``) of this process's CUDA device ``cuda_index``.
-
-    The one CUDA -> NVML mapping, for measurement (:class:`NvmlGpuSensor`, ``backend="zeus"``) and power-limit
-    control alike (see :func:`lightning_energy.measure.sensors.nvml.nvml_index_for_cuda_device` for the rules:
-    the UUID torch reports, else ``CUDA_VISIBLE_DEVICES`` with indices or ``GPU-`` UUIDs and
-    ``CUDA_DEVICE_ORDER``). Initialises NVML for the call and shuts it down after; NVML counts
-    ``nvmlInit``/``nvmlShutdown`` pairs, so handles opened elsewhere stay valid. Raises one of
-    :data:`GPU_UNREADABLE`.
-    """
-    with nvml_session(_pynvml(pynvml_module)) as nvml:
-        return nvml_index_for_cuda_device(nvml, cuda_index)
-
-
-def nvml_gpu_of_cuda_device(cuda_index: int, pynvml_module=None) -> NvmlGpu:
-    """:func:`nvml_index_of_cuda_device`, with the card's UUID, name and whether NVML measures its whole
-    module (Grace Hopper in C2C mode). Raises one of :data:`GPU_UNREADABLE`."""
-    with nvml_session(_pynvml(pynvml_module)) as nvml:
-        return nvml_gpu_for_cuda_device(nvml, cuda_index)
 
 
 def module_counter_note(gpu: NvmlGpu) -> str:

@@ -47,7 +47,7 @@ MIG: a MIG instance, or a GPU in MIG mode, is refused (:class:`MigDeviceError`):
 per-instance energy, and the parent GPU's counter would count every co-tenant's work too.
 
 The CUDA -> NVML mapping (:func:`nvml_index_for_cuda_device`) is the one shared by measurement and
-power-limit control (see ``lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device``). Every
+power-limit control (see ``nvml_index_of_cuda_device``). Every
 opened sensor names its card by UUID (``device_uuid``), so that two ranks reading one card can count it
 once (``lightning_energy.measure.sensors.detect.duplicate_device_sensors``).
 """
@@ -302,6 +302,29 @@ def _mig_refusal(what: str) -> MigDeviceError:
         "work of every other instance on it. Measure on a whole GPU (MIG mode off), or pass sensors=[...] "
         "of your own."
     )
+
+
+# ------------------------------------------------------------------------------------------- processes
+def compute_process_pids(nvml, index: int) -> set[int]:
+    """The PIDs NVML lists as compute processes (a CUDA context) on NVML GPU ``index``
+    (``nvmlDeviceGetComputeRunningProcesses``). NVML must be initialised by the caller. The PIDs are the
+    host's: inside a container with its own PID namespace they may not be the ones ``os.getpid`` knows."""
+    handle = _gpu(nvml, index)
+    with nvml_errors(nvml, f"nvmlDeviceGetComputeRunningProcesses on NVML GPU {index}"):
+        return {int(process.pid) for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+
+
+def whole_gpu_indices(nvml) -> tuple[list[int], list[str]]:
+    """The NVML indices of the GPUs whose energy can be read alone (not in MIG mode), and one note per GPU
+    left out. NVML must be initialised by the caller."""
+    indices: list[int] = []
+    notes: list[str] = []
+    for index in range(_device_count(nvml)):
+        if _mig_mode_enabled(nvml, _gpu(nvml, index), f"NVML GPU {index}"):
+            notes.append(f"NVML GPU {index} is in MIG mode: its energy cannot be read per instance; not measured.")
+        else:
+            indices.append(index)
+    return indices, notes
 
 
 # ------------------------------------------------------------------------------------------- CUDA -> NVML
@@ -727,3 +750,30 @@ class NvmlGpuSensor(Sensor):
             return {"pcie_tx_KBps": float("nan"), "pcie_rx_KBps": float("nan")}
         self._pcie_supported = True
         return fields
+
+
+def _pynvml(pynvml_module):
+    if pynvml_module is None:
+        import pynvml as pynvml_module
+    return pynvml_module
+
+
+def nvml_index_of_cuda_device(cuda_index: int, pynvml_module=None) -> int:
+    """The NVML index (``nvidia-smi -i``) of this process's CUDA device ``cuda_index``.
+
+    The one CUDA -> NVML mapping, for measurement (:class:`NvmlGpuSensor`, ``backend="zeus"``) and power-limit
+    control alike (see :func:`lightning_energy.measure.sensors.nvml.nvml_index_for_cuda_device` for the rules:
+    the UUID torch reports, else ``CUDA_VISIBLE_DEVICES`` with indices or ``GPU-`` UUIDs and
+    ``CUDA_DEVICE_ORDER``). Initialises NVML for the call and shuts it down after; NVML counts
+    ``nvmlInit``/``nvmlShutdown`` pairs, so handles opened elsewhere stay valid. Raises one of
+    :data:`lightning_energy.measure.sensors.detect.GPU_UNREADABLE`.
+    """
+    with nvml_session(_pynvml(pynvml_module)) as nvml:
+        return nvml_index_for_cuda_device(nvml, cuda_index)
+
+
+def nvml_gpu_of_cuda_device(cuda_index: int, pynvml_module=None) -> NvmlGpu:
+    """:func:`nvml_index_of_cuda_device`, with the card's UUID, name and whether NVML measures its whole
+    module (Grace Hopper in C2C mode). Raises one of :data:`lightning_energy.measure.sensors.detect.GPU_UNREADABLE`."""
+    with nvml_session(_pynvml(pynvml_module)) as nvml:
+        return nvml_gpu_for_cuda_device(nvml, cuda_index)

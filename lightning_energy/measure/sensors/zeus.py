@@ -9,7 +9,7 @@ runs and reopened after it. Zeus is imported lazily: importing it pulls ``amdsmi
 ROCm is absent.
 
 Which card: the project's own CUDA -> NVML mapping
-(:func:`lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device`: torch's UUID, ``GPU-`` UUIDs in
+(:func:`lightning_energy.measure.sensors.nvml.nvml_index_of_cuda_device`: torch's UUID, ``GPU-`` UUIDs in
 ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``), and the monitor is given Zeus's device object for that NVML
 index. Zeus's own ``get_gpus()`` would int-parse ``CUDA_VISIBLE_DEVICES`` (failing on UUID lists) and count
 ordinals in NVML's order whatever ``CUDA_DEVICE_ORDER`` says.
@@ -22,7 +22,7 @@ import io
 from unittest import mock
 
 from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.measure.sensors.detect import nvml_gpu_of_cuda_device
+from lightning_energy.measure.sensors.nvml import nvml_gpu_of_cuda_device
 from lightning_energy.measure.sensors.nvml_families import NVML_COUNTER_UPDATE_PERIOD_S
 from lightning_energy.units import J_PER_MJ, W_PER_MW
 

@@ -2,7 +2,7 @@
 restore what was there, and a crash marker for what no process can catch.
 
 - Which card: :func:`open_gpu` finds this process's CUDA device through the one CUDA -> NVML (UUID)
-  mapping the energy sensors use (:func:`lightning_energy.measure.sensors.detect.nvml_index_of_cuda_device`) and
+  mapping the energy sensors use (:func:`lightning_energy.measure.sensors.nvml.nvml_index_of_cuda_device`) and
   opens it through Zeus's device layer (``NVIDIAGPU``, or ``ZeusdNVIDIAGPU`` when the Zeus daemon is
   configured). Zeus's own ``get_gpus()`` reads ``CUDA_VISIBLE_DEVICES`` as integers and ignores
   ``CUDA_DEVICE_ORDER``, so it can control another card than the one measured: it is not used.
@@ -101,6 +101,22 @@ def open_nvml_gpu(nvml_index: int, what: str | None = None):
         raise GpuControlError(f"Zeus cannot open {label} ({type(err).__name__}: {err})") from err
 
 
+def rank_gpu(device, caller: str = "PowerLimitOptimizer"):
+    """Zeus's ``GPU`` object of the CUDA ``device`` (a ``torch.device``: the one a rank trains on), through the
+    energy sensors' CUDA -> NVML mapping (``gpu_index`` of the result is the NVML index, the one ``nvidia-smi -i``
+    takes). ``caller`` names the component in the ``RuntimeError`` raised for a device that is no NVIDIA GPU or a
+    card that cannot be opened."""
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"{caller} needs an NVIDIA GPU's power limits, but this rank trains on {device}. Train on a GPU, "
+            "or pass gpu=lightning_energy.simulate.gpu_sim.SimulatedGPU(...) to run against the simulator."
+        )
+    try:
+        return open_gpu(device.index)
+    except GpuControlError as err:
+        raise RuntimeError(f"{caller}: {err}") from err
+
+
 def visible_gpu_count() -> int:
     """CUDA devices this process sees (0 without CUDA)."""
     import torch
@@ -114,9 +130,9 @@ def nvml_index(gpu) -> int | str:
 
 
 def is_simulated(gpu) -> bool:
-    """Whether ``gpu`` is :class:`lightning_energy.testing.gpu_sim.SimulatedGPU`. Product code never imports the
+    """Whether ``gpu`` is :class:`lightning_energy.simulate.gpu_sim.SimulatedGPU`. Product code never imports the
     simulator: where its module was never imported, no simulated card exists."""
-    simulator = sys.modules.get("lightning_energy.testing.gpu_sim")
+    simulator = sys.modules.get("lightning_energy.simulate.gpu_sim")
     return simulator is not None and isinstance(gpu, simulator.SimulatedGPU)
 
 

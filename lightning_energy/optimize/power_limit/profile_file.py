@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_energy.fitting import QUADRATIC_PARAMETERS, quadratic_fit
 from lightning_energy.io import atomic_write_bytes, atomic_write_json
 from lightning_energy.measure.zeus_codecarbon_internals import zeus_profile_list_model
 from lightning_energy.optimize.power_limit.search import (
     LimitProfile,
     MIN_SPARE_POINTS,
     Objective,
-    QUADRATIC_PARAMETERS,
     _zeus_power_limit,
 )
 
@@ -113,8 +113,6 @@ def profile_fits(profiles: list[LimitProfile], objective: Objective) -> dict:
     fewer than :data:`MIN_SPARE_POINTS` points beyond the fit's three parameters (through three points any
     quadratic has R² = 1: it says nothing). A fit's vertex is reported only where it lies inside the
     profiled range (``vertex_x`` None otherwise): an extrapolated vertex is no finding."""
-    from lightning_energy.analysis.fit import quadratic_fit
-
     x = [p.limit_W for p in profiles]
     enough = len(set(x)) >= QUADRATIC_PARAMETERS + MIN_SPARE_POINTS
     fits = {}
@@ -149,7 +147,7 @@ def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W:
     axes = fig.subplots(1, 3)
     source = "simulated GPU" if simulated else "measured"
     labels = {"energy_per_step_J": f"energy per step (J, {source})", "time_per_step_s": f"time per step (s, {source})",
-              "cost": f"{objective.selector} cost ({objective.cost_unit}, {source})"}
+              "cost": f"{objective.cost_label} ({objective.cost_unit}, {source})"}
     for ax, name in zip(axes, FIT_QUANTITIES):
         ax.plot(x, _quantity(ordered, objective, name), "o", label="profiled (mean of its windows)")
         if name != "cost":

@@ -62,7 +62,6 @@ DEFAULT_SETTLE_BUDGET = 2
 # Warm-up steps per window after a limit change, as a share of the profile steps (Zeus's defaults: 10 / 40).
 DEFAULT_WARMUP_SHARE = 0.25
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
-QUADRATIC_PARAMETERS = 3
 
 
 def _zeus_power_limit():
@@ -164,6 +163,12 @@ class Objective:
     def is_threshold(self) -> bool:
         """True for the max-slowdown constraint (a threshold on time, not a cost to minimise)."""
         return self.selector == "max_slowdown"
+
+    @property
+    def cost_label(self) -> str:
+        """What the cost is, for a plot's axis."""
+        return {"energy": "energy", "time": "time", "zeus_cost": "ZeusCost η·E + (1−η)·P_max·t",
+                "max_slowdown": "slowdown"}[self.selector]
 
     @property
     def cost_unit(self) -> str:

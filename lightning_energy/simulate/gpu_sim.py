@@ -5,10 +5,10 @@ GPU only through that abstract class (``get_power_management_limit_constraints``
 ``set_power_management_limit``, ``get_persistence_mode`` ..., milliwatts and millijoules as in NVML).
 The real path gets Zeus's ``NVIDIAGPU`` (or ``ZeusdNVIDIAGPU``) through
 :mod:`lightning_energy.optimize.power_limit.gpu_control`; the simulated path gets a :class:`SimulatedGPU`, so the optimiser
-runs unmodified against either. Being a real ``GPU`` subclass also lets Zeus's own code drive it:
-:func:`installed_in_zeus` makes ``zeus.device.get_gpus()`` return simulated GPUs, and the tests run
-Zeus's ``GlobalPowerLimitOptimizer`` against the same simulator to check that our callback follows its
-state machine step for step.
+runs unmodified against either. Being a real ``GPU`` subclass also lets Zeus's own code drive it: the
+tests (``tests/zeus_gpus.py``) make ``zeus.device.get_gpus()`` return simulated GPUs and run Zeus's
+``GlobalPowerLimitOptimizer`` against the same simulator to check that our callback follows its state
+machine step for step.
 
 The model: what published measurements show, in the fewest parameters that show it.
 
@@ -70,7 +70,6 @@ from typing import Any, Callable
 with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
     from zeus.device.gpu.common import (
         GPU,
-        GPUs,
         ZeusGPUInvalidArgError,
         ZeusGPUNoPermissionError,
         ZeusGPUNotSupportedError,
@@ -79,10 +78,9 @@ with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prin
 from lightning.pytorch import Callback
 from typing_extensions import override
 
-from lightning_energy.optimize.batch_size import batch_length
+from lightning_energy.integration.lightning_internals import first_batch_size
 from lightning_energy.provenance import SIMULATED
 from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.measure.zeus_codecarbon_internals import set_zeus_gpus_slot, zeus_gpus_slot
 from lightning_energy.units import BYTES_PER_GIB, MJ_PER_J, MW_PER_W
 
 
@@ -561,37 +559,8 @@ class SimulatedWorkload(Callback):
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self.gpu.run_step(self.batch_size if self.batch_size is not None else batch_length(batch))
+        self.gpu.run_step(self.batch_size if self.batch_size is not None else first_batch_size(batch))
 
     @override
     def on_train_end(self, trainer, pl_module) -> None:
         self.gpu.stop_workload()
-
-
-class SimulatedGPUs(GPUs):
-    """Zeus's ``GPUs`` collection over simulated cards, for :func:`installed_in_zeus`."""
-
-    def __init__(self, gpus: list[SimulatedGPU] | None = None, ensure_homogeneous: bool = False) -> None:
-        self._gpus = list(gpus or [])
-        if ensure_homogeneous:
-            self._ensure_homogeneous()
-
-    def __del__(self) -> None:
-        """Nothing to shut down."""
-
-    @property
-    def gpus(self) -> list[SimulatedGPU]:
-        return self._gpus
-
-
-@contextlib.contextmanager
-def installed_in_zeus(gpus: list[SimulatedGPU]):
-    """Within the block ``zeus.device.get_gpus()`` returns these simulated GPUs (Zeus's own code drives them)."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        import zeus.device.gpu as zeus_gpu
-    previous = zeus_gpus_slot(zeus_gpu)
-    set_zeus_gpus_slot(zeus_gpu, SimulatedGPUs(gpus))
-    try:
-        yield zeus_gpus_slot(zeus_gpu)
-    finally:
-        set_zeus_gpus_slot(zeus_gpu, previous)
