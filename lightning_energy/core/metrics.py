@@ -13,7 +13,7 @@ another; the public contract:
 - ``energy/rank0_total_J`` (distributed only, step level): rank 0's sensors alone since this fit started.
 - ``energy/epoch_J``, ``power/epoch_W``, ``time/epoch_s``, ``edp/epoch_Js`` (energy x time): one training
   epoch without its validation, all ranks over one common interval (power: the sum of the sensors' powers).
-- ``energy/sensor/<sensor name>/epoch_J``: the same per sensor.
+- ``energy/sensor/<sensor name>/epoch_J``: the same per sensor, when there are several.
 - ``energy/epoch_between_steps_J``: the epoch's energy outside the steps (data loading, hooks).
 - ``energy/val_epoch_J``, ``power/val_epoch_W``, ``time/val_epoch_s``; ``energy/test_epoch_J``, ...;
   ``energy/predict_J``, ``power/predict_W``, ``time/predict_s``: validation, test and predict loops.
@@ -65,8 +65,9 @@ def loop_metrics(figures: LoopFigures) -> dict[str, float]:
 
 
 def epoch_metrics(row: dict) -> dict[str, float]:
-    """A training epoch's metrics from its report row (:func:`lightning_energy.core.recorder.epoch_row`),
-    with ``energy/sensor/<name>/epoch_J`` for each sensor."""
+    """A training epoch's metrics from its report row (:func:`lightning_energy.core.recorder.epoch_row`), with
+    ``energy/sensor/<name>/epoch_J`` for each sensor when there are several (with one it would repeat
+    ``energy/epoch_J`` as a second, identical card)."""
     metrics = {
         "energy/epoch_J": row["train_J"],
         "power/epoch_W": row["power_W"],
@@ -75,7 +76,8 @@ def epoch_metrics(row: dict) -> dict[str, float]:
         "energy/epoch_between_steps_J": row["between_steps_J"],
         "energy/total_J": row["total_J"],
     }
-    metrics.update({sensor_metric(name): joules for name, joules in sorted(row["per_sensor_J"].items())})
+    if len(row["per_sensor_J"]) > 1:
+        metrics.update({sensor_metric(name): joules for name, joules in sorted(row["per_sensor_J"].items())})
     if "zeus_J" in row:
         metrics["energy/zeus_epoch_J"] = row["zeus_J"]
     return metrics

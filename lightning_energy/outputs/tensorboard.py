@@ -411,13 +411,32 @@ def energy_how(report: dict) -> str:
 
 
 def report_markdown(report: dict) -> str:
-    """The end-of-fit console table as TensorBoard text (markdown: a code block keeps the columns)."""
+    """The end-of-fit report as TensorBoard text: a markdown table of the sensors (TensorBoard renders it as an
+    HTML table; a code block of the console table ran off the page's right edge), each sensor's source as a
+    list item below it (they are long), then the console report's notes."""
     from lightning_energy.outputs.report import format_report
 
-    table = format_report(report)
-    return (f"**lightning-energy report** ({energy_how(report)}): {report['total_J']:.2f} J over "
-            f"{report['duration_s']:.2f} s; the figures per sensor and the totals:\n\n"
-            + "\n".join("    " + line for line in table.splitlines()))
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| sensor | rank | scope | energy (J) | mean power (W) | how |", "|---|---:|---|---:|---:|---|"]
+    sources = []
+    for sensor in report.get("sensors", []):
+        counted = "" if sensor.get("counted", True) else " (not counted: a lower rank reads this card)"
+        rows.append(f"| {cell(sensor['name'])}{counted} | {sensor.get('rank', 0)} | {cell(sensor.get('scope', ''))} | "
+                    f"{sensor['energy_J']:.2f} | {sensor.get('mean_power_W', 0.0):.2f} | "
+                    f"{cell(sensor.get('provenance', ''))} |")
+        sources.append(f"- **{cell(sensor['name'])}** (rank {sensor.get('rank', 0)}): {cell(sensor.get('source', ''))}")
+    rows.append(f"| **total** | | | **{report['total_J']:.2f}** | {report.get('mean_power_W', 0.0):.2f} | "
+                f"{cell(energy_how(report))} |")
+    rows += ["", f"train {report.get('train_J', 0.0):.2f} J, validation {report.get('validation_J', 0.0):.2f} J, "
+                 f"other {report.get('other_J', 0.0):.2f} J. Sources:", "", *dict.fromkeys(sources)]
+    console = format_report(report).splitlines()
+    total_row = max((i for i, line in enumerate(console) if line.startswith("total ")), default=0)
+    notes = [f"- {cell(line)}" for line in console[total_row + 1:] if line.strip()]
+    notes = ["Notes:", "", *notes] if notes else []
+    return "\n".join([f"**lightning-energy report** ({energy_how(report)}): {report['total_J']:.2f} J over "
+                      f"{report['duration_s']:.2f} s", "", *rows, "", *notes])
 
 
 def hparam_values(params) -> dict:
