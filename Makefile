@@ -7,14 +7,14 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export CODECARBON_LOG_LEVEL ?= error
 
-.PHONY: venv demo test test-gpu bench bench-gpu gpu-wheels gpu-check gpu-check-dry clean
+.PHONY: venv demo test test-lowest test-gpu bench bench-gpu gpu-wheels gpu-check gpu-check-dry clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bso-server]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,all]"
 	touch $(STAMP)
 
 demo: venv
@@ -22,6 +22,21 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q -m "not gpu"
+
+# The lowest supported Lightning (constraints-lowest.txt pins it) in a second venv: the integration tests that
+# reach Lightning's hooks and private attributes (integration/lightning_internals.py).
+LOWEST_VENV ?= .venv-lowest
+LOWEST_STAMP := $(LOWEST_VENV)/.installed
+LOWEST_TESTS ?= tests/test_timeline.py tests/test_energy_callback.py tests/test_front_ends.py tests/test_ddp.py
+
+$(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
+	test -x $(LOWEST_VENV)/bin/python || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q -c constraints-lowest.txt torch==2.13.0
+	$(LOWEST_VENV)/bin/python -m pip install -q -c constraints-lowest.txt -e ".[dev,all]"
+	touch $(LOWEST_STAMP)
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST_VENV)/bin/python -m pytest -q -m "not gpu" $(LOWEST_TESTS)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu
@@ -60,4 +75,4 @@ gpu-check-dry: venv
 	$(PY) benchmarks/gpu_check.py --dry-run $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) runs lightning_logs .pytest_cache
+	rm -rf $(VENV) $(LOWEST_VENV) runs lightning_logs .pytest_cache

@@ -1,8 +1,8 @@
 """The ``baler-lit`` command.
 
-``baler-lit fit|validate|test|predict [--config cfg.yaml] ...`` is a LightningCLI over
+``baler-lit fit|validate|test|predict [--config cfg.yaml | --config NAME] ...`` is a LightningCLI over
 :class:`~baler_lit.module.BalerModule` and :class:`~baler_lit.data.BalerDataModule` (the data module's
-``input_shape`` is linked to the model's). Three more subcommands work on files::
+``input_shape`` is linked to the model's). More subcommands work on files, and one lists the shipped configs::
 
     baler-lit compress   --ckpt best.ckpt --input data.npz --output data.baler [--latent-dtype float32]
                          [--max-relative-error 0.1] [--max-absolute-error 0.01]
@@ -11,7 +11,13 @@
     baler-lit diagnose   --ckpt best.ckpt --input data.npz --out diagnose/ [--tensorboard DIR]
     baler-lit info       data.baler [--json]
     baler-lit compress-many --ckpt best.ckpt --inputs a.npz b.npz ... --output-dir out/ [--devices 2]
+    baler-lit configs      [NAME]
 
+A ``--config`` value that is not a file but the name of a shipped config (``cms_ae``; ``baler-lit configs``
+lists them) reads that config (:mod:`baler_lit.shipped_configs`), so the configs work from any folder and from
+an installed wheel.
+
+``baler-lit --help``, ``configs``, ``info`` and every file tool's ``--help`` import neither Lightning nor torch.
 ``compress-many`` is a Lightning ``predict`` run (DDP over ``--devices`` ranks, one shard of the inputs per rank,
 one ``.baler`` per input and a ``manifest.json``); it is the one file tool that imports Lightning.
 
@@ -37,7 +43,15 @@ from typing import Any, NoReturn
 from .checkpoint import TrainedModel, adopt_training_dtypes, first_line, load_checkpoint
 from .errors import BalerInputError
 
-TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many")
+TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many", "configs")
+#: LightningCLI's subcommands (``baler-lit fit --help`` and the like list their options: that help needs Lightning)
+TRAINING_COMMANDS = {
+    "fit": "train a model (LightningCLI; e.g. baler-lit fit --config cms_ae)",
+    "validate": "validate a trained model (LightningCLI)",
+    "test": "test a trained model (LightningCLI)",
+    "predict": "run a trained model over data (LightningCLI)",
+}
+HELP_OPTIONS = ("-h", "--help")
 EXIT_BAD_INPUT = 2
 
 
@@ -56,8 +70,13 @@ def _add_root_options(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _tool_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="baler-lit", description="Baler autoencoder compression tools.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = _OneLineParser(
+        prog="baler-lit", description="Baler autoencoder compression with PyTorch Lightning.",
+        epilog="`baler-lit COMMAND --help` describes a command; `baler-lit configs` lists the shipped configs.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser, metavar="COMMAND")
+    for name, summary in TRAINING_COMMANDS.items():  # listed here; main() hands them to LightningCLI
+        sub.add_parser(name, help=summary, add_help=False)
 
     c = sub.add_parser("compress", help="encode a data file with a trained checkpoint into a .baler file")
     c.add_argument("--ckpt", required=True, help="Lightning checkpoint of a BalerModule")
@@ -123,6 +142,9 @@ def _tool_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-rows", type=int, default=100_000, help="rows (samples) of the input to use, from the start")
     g.add_argument("--overwrite", action="store_true", help="write into an existing folder")
     _add_root_options(g, "data")
+
+    s = sub.add_parser("configs", help="list the shipped configs (fit --config NAME reads them from any folder)")
+    s.add_argument("name", nargs="?", default=None, help="print this shipped config's file path instead")
     return parser
 
 
@@ -249,17 +271,38 @@ def _evaluate(args: argparse.Namespace) -> str:
     return format_summary(summary) + f"\nreport written to {args.out}"
 
 
+def _configs(args: argparse.Namespace) -> str:
+    from .shipped_configs import list_configs
+
+    return list_configs(args.name)
+
+
 def run_tool(argv: Sequence[str]) -> int:
-    """Run ``compress``, ``decompress``, ``evaluate``, ``diagnose`` or ``info``; return the exit code."""
+    """Run a file tool (``compress``, ``decompress``, ``evaluate``, ``diagnose``, ``info``, ``compress-many``) or
+    ``configs``, or print the top-level help (an empty ``argv`` or ``--help``); return the exit code."""
     args = _tool_parser().parse_args(list(argv))
     action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose,
-              "info": _info, "compress-many": _compress_many}[args.command]  # fmt: skip
+              "info": _info, "compress-many": _compress_many, "configs": _configs}[args.command]  # fmt: skip
     try:
         message = action(args)
     except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for
         print(f"baler-lit {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(message)
+    except ModuleNotFoundError as exc:  # an optional package of the [baler] extra (uproot, matplotlib)
+        from lightning_energy.extras import missing_extra_of
+
+        missing = missing_extra_of(exc, f"baler-lit {args.command}")
+        if missing is None:
+            raise
+        print(f"baler-lit {args.command}: error: {missing.feature} needs {missing.module}, which is not installed: "
+              f"pip install 'lightning-energy[baler]'", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        print(message)
+    except BrokenPipeError:  # `baler-lit info x.baler | head`: no traceback
+        from lightning_energy.cli.main import reader_went_away
+
+        return reader_went_away()
     return 0
 
 
@@ -341,8 +384,28 @@ def check_resumable(ckpt_path) -> None:
 def run_lightning(argv: Sequence[str] | None) -> int:
     """LightningCLI for fit/validate/test/predict; returns the exit code.
 
-    ``argv=None`` lets LightningCLI read ``sys.argv`` itself (passing both makes it warn).
+    ``argv=None`` lets LightningCLI read ``sys.argv`` itself (passing both makes it warn). A ``--config`` naming
+    a shipped config is replaced by its path first (:func:`~baler_lit.shipped_configs.resolve_config_arguments`),
+    before Lightning is imported.
     """
+    from .shipped_configs import resolve_config_arguments
+
+    try:
+        if argv is None:
+            sys.argv[1:] = resolve_config_arguments(sys.argv[1:])
+        else:
+            argv = resolve_config_arguments(argv)
+    except BalerInputError as exc:
+        print(f"baler-lit: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    from lightning_energy.extras import MissingExtra, check_installed
+
+    try:
+        check_installed("jsonargparse", "baler-lit's LightningCLI (fit, validate, test, predict)", extra="baler")
+    except MissingExtra as exc:
+        print(f"baler-lit: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -377,7 +440,8 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             args=None if argv is None else list(argv),
             parser_kwargs={
                 "description": "Baler autoencoder compression with PyTorch Lightning. Also: baler-lit compress|"
-                "decompress|evaluate|diagnose|info --help"
+                "decompress|evaluate|diagnose|info|compress-many|configs --help. --config takes a file or the name"
+                " of a shipped config (baler-lit configs lists them)."
             },
         )
     except (BalerInputError, MisconfigurationException) as exc:  # a setting that cannot work: the user's to fix
@@ -389,7 +453,7 @@ def run_lightning(argv: Sequence[str] | None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``baler-lit`` console script."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in TOOLS:
+    if not args or args[0] in TOOLS or args[0] in HELP_OPTIONS:  # no Lightning for these
         return run_tool(args)
     return run_lightning(None if argv is None else args)
 

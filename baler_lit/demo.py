@@ -14,7 +14,7 @@ On the embedded synthetic CMS-jet table, with :class:`lightning_energy.EnergyCal
    forecast made after the first epoch against what the fit took.
 
 TensorBoard logs (losses, energy metrics, evaluation figures) go to ``<out>/tb/version_N``; view them with
-``tensorboard --logdir runs/demo``. Files from an earlier demo run in the same folder are replaced. On 2 CPU
+``.venv/bin/tensorboard --logdir runs/demo`` (the command the demo prints works as printed). Files from an earlier demo run in the same folder are replaced. On 2 CPU
 cores the default settings finish in well under 2 minutes.
 """
 
@@ -33,6 +33,20 @@ DEFAULT_ROWS = 50_000
 DEFAULT_EPOCHS = 25
 DEFAULT_COUNTRY = "CHE"  # ISO 3166 alpha-3; CodeCarbon's offline per-country intensity
 
+
+
+def tensorboard_command() -> str:
+    """How to start TensorBoard from the current folder: ``tensorboard`` when that name on PATH is the one beside
+    this interpreter, else that one's path (``.venv/bin/tensorboard`` after ``make demo`` without an activated
+    venv), relative to the current folder when it lies below it."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    on_path = shutil.which("tensorboard")
+    if on_path is not None and Path(on_path).resolve() == beside.resolve():
+        return "tensorboard"
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m baler_lit.demo", description=__doc__.split("\n\n")[0])
@@ -121,7 +135,8 @@ def run(
     print(energy_line(report, energy.report_path))
     print(carbon_line(carbon.report))
     print(forecast_line(forecast.report, forecast.forecasts))
-    print(f"TensorBoard: tensorboard --logdir {out}  (HParams: energy per run; Text: the report and the evaluation)")
+    print(f"TensorBoard: {tensorboard_command()} --logdir {out}  (HParams: energy per run; Text: the report and the "
+          "evaluation)")
     print(f"demo finished in {time.perf_counter() - start:.1f} s")
     return {
         "ratio": result.ratio,

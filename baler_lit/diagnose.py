@@ -180,6 +180,9 @@ def diagnose(
     """Write ``diagnostics.png`` and ``summary.json`` to ``out_dir`` (and TensorBoard events); return a summary line."""
     from pathlib import Path
 
+    from lightning_energy.extras import check_installed
+
+    check_installed("matplotlib", "baler-lit diagnose", extra="baler")  # before anything is written
     import matplotlib.pyplot as plt
 
     from .evaluate import _render, _write_report

@@ -515,6 +515,10 @@ def evaluate(
     check_comparable(original, restored)
     if compressed is not None:
         check_compressed_matches(original, compressed)
+    if plots:  # before anything is written
+        from lightning_energy.extras import check_installed
+
+        check_installed("matplotlib", "baler-lit evaluate's figures (--no-plots skips them)", extra="baler")
     out = check_outputs(out_dir, tensorboard_dir, overwrite)
     summary: dict[str, Any] = {
         "original": original.source,

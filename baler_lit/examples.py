@@ -1,4 +1,8 @@
-"""Baler's example data by name: ``data.path: example:CFD_animation`` in a config.
+"""Example data by name: ``data.path: example:CFD_animation`` in a config, ``--input example:CMS_synthetic``.
+
+``example:CMS_synthetic`` is the synthetic CMS-jet table ``baler-lit fit --config cms_ae`` trains on when no
+data path is given (:func:`~baler_lit.synthetic.synthetic_cms_jets` with the data module's default rows and
+seed): generated, never read from a file, so a fresh clone can compress, decompress and evaluate it.
 
 Baler ships a CFD example (``CFD_animation.npz``: 60 frames of a 50×50 float64 field; ``CFD_still.npz``: one
 frame). It is not part of this repository; :func:`find_example` looks for the file, in order, in
@@ -19,11 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import BalerInputError
+from .synthetic import synthetic_cms_jets
 from .table import Table
 
 PREFIX = "example:"
 #: example name -> frames of 50×50 (Baler's files)
 EXAMPLES = {"CFD_animation": 60, "CFD_still": 1}
+#: generated examples: name -> (rows, seed), the defaults of BalerDataModule and configs/cms_ae.yaml
+GENERATED = {"CMS_synthetic": (100_000, 0)}
 FRAME = (50, 50)
 ENV_DIR = "BALER_LIT_DATA"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -71,11 +78,19 @@ def synthetic_cfd(frames: int = 60, seed: int = 0) -> np.ndarray:
 
 
 def example_name(path: str) -> str:
-    """The name in ``example:<name>``, checked against :data:`EXAMPLES`."""
+    """The name in ``example:<name>``, checked against :data:`EXAMPLES` and :data:`GENERATED`."""
     name = path[len(PREFIX):]
-    if name not in EXAMPLES:
-        raise BalerInputError(f"unknown example {name!r}; known: {', '.join(EXAMPLES)}")
+    if name not in EXAMPLES and name not in GENERATED:
+        raise BalerInputError(f"unknown example {name!r}; known: {', '.join([*EXAMPLES, *GENERATED])}")
     return name
+
+
+def generated(name: str) -> Table | None:
+    """The table of a generated example (:data:`GENERATED`), or None for Baler's file examples."""
+    if name not in GENERATED:
+        return None
+    rows, seed = GENERATED[name]
+    return synthetic_cms_jets(rows, seed)
 
 
 def stand_in(name: str, seed: int = 0) -> Table:

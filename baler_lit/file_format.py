@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from .errors import BalerInputError
 
@@ -44,13 +43,17 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 HEADER = "header.json"
 
-#: Latent storage dtypes: name → (torch dtype, numpy dtype of the stored bytes).
-LATENT_DTYPES: dict[str, tuple[torch.dtype, np.dtype]] = {
-    "float64": (torch.float64, np.dtype("<f8")),
-    "float32": (torch.float32, np.dtype("<f4")),
-    "float16": (torch.float16, np.dtype("<f2")),
-    "bfloat16": (torch.bfloat16, np.dtype("<u2")),
+#: Latent storage dtypes: name → (torch dtype's name, numpy dtype of the stored bytes); names, not torch
+#: objects, so reading a file's header needs no torch (``getattr(torch, name)`` gives the dtype).
+LATENT_DTYPES: dict[str, tuple[str, np.dtype]] = {
+    "float64": ("float64", np.dtype("<f8")),
+    "float32": ("float32", np.dtype("<f4")),
+    "float16": ("float16", np.dtype("<f2")),
+    "bfloat16": ("bfloat16", np.dtype("<u2")),
 }
+#: Model names a file may describe: the registry :data:`baler_lit.models.MODELS` (a test keeps the two equal),
+#: written out here so that reading a header needs no torch.
+MODEL_NAMES = ("AE", "AE_Dropout_BN", "CFD_dense_AE", "ConvAE", "PJ_Conv_AE", "TransformerAE")
 #: The only array dtypes a ``.baler`` file may declare (numpy ``dtype.str``): float latents and weights,
 #: bfloat16 bit patterns (``<u2``) and BatchNorm's step counter (``<i8``). Anything else, an object dtype
 #: ("|O") above all, is refused before an array is allocated.
@@ -205,7 +208,7 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
     """
     f = _Fields(path)
     model = f.get(header, "model", "model")
-    f.choice(f.get(model, "name", "model.name"), "model.name", _model_names())
+    f.choice(f.get(model, "name", "model.name"), "model.name", MODEL_NAMES)
     input_shape = f.shape(f.get(model, "input_shape", "model.input_shape"), "model.input_shape", max_dims=3)
     latent_dim = f.count(f.get(model, "latent_dim", "model.latent_dim"), "model.latent_dim")
     f.choice(f.get(model, "dtype", "model.dtype"), "model.dtype", MODEL_DTYPES)
@@ -393,12 +396,6 @@ def check_values(arrays: dict[str, np.ndarray], path: Path, n_positions: int | N
             raise BalerInputError(f"{path} is corrupted: constant_index is not increasing within the sample")
         if not np.isfinite(value).all():
             raise BalerInputError(f"{path} is corrupted: constant_value holds values that are not finite")
-
-
-def _model_names() -> list[str]:
-    from .models import MODELS
-
-    return list(MODELS)
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .compression import CompressedFile, read_compressed
+from .compressed_file import CompressedFile, read_compressed
 from .error_bound import ErrorBound
 from .file_format import HEADER, check_summary_fields
 

@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from .errors import BalerInputError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class MinMaxNormalizer:
 
     def inverse_torch(self, data: torch.Tensor) -> torch.Tensor:
         """Torch version of :meth:`inverse` in ``data``'s dtype and device."""
+        import torch
+
         lo = torch.as_tensor(self.minimum, dtype=data.dtype, device=data.device)
         sc = torch.as_tensor(self.scale, dtype=data.dtype, device=data.device)
         return torch.addcmul(lo, data, sc)

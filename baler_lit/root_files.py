@@ -24,7 +24,9 @@ def _tree_names(rootfile) -> list[str]:
 
 def open_root(p: Path):
     """``uproot.open(p)``, a damaged or foreign file turned into one error line."""
-    import uproot
+    from lightning_energy.extras import require
+
+    uproot = require("uproot", "reading ROOT files", extra="baler")
 
     try:
         return uproot.open(p)

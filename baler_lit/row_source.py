@@ -416,13 +416,17 @@ def open_rows(
     root_prefix: str | None = None,
 ) -> RowSource:
     """A row source for ``path``: ``.npy``, ``.npz`` and ``.root`` stream (see the module docstring);
-    ``example:<name>`` is Baler's file where :func:`~baler_lit.examples.find_example` finds it, else its
-    synthetic stand-in (warned), in memory."""
+    ``example:<name>`` is a generated table (``CMS_synthetic``) in memory, or Baler's file where
+    :func:`~baler_lit.examples.find_example` finds it, else its synthetic stand-in (warned), in memory."""
     from . import examples
 
     if examples.is_example(path):
-        found = examples.find_example(examples.example_name(str(path)))
-        return open_npz(found, npz_key) if found is not None else TableRows(examples.stand_in(examples.example_name(str(path))))
+        name = examples.example_name(str(path))
+        table = examples.generated(name)
+        if table is not None:
+            return TableRows(table)
+        found = examples.find_example(name)
+        return open_npz(found, npz_key) if found is not None else TableRows(examples.stand_in(name))
     p = existing_file(path)
     suffix = p.suffix.lower()
     if suffix not in (".npy", ".npz", ".root"):

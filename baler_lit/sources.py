@@ -46,9 +46,12 @@ def load_table(
 
 
 def load_example(path: str, seed: int = 0) -> Table:
-    """The example named by ``example:<name>``: Baler's file where :func:`~baler_lit.examples.find_example` finds
-    it, else the synthetic stand-in (warned)."""
+    """The example named by ``example:<name>``: a generated table (``CMS_synthetic``), or Baler's file where
+    :func:`~baler_lit.examples.find_example` finds it, else the synthetic stand-in (warned)."""
     name = examples.example_name(path)
+    table = examples.generated(name)
+    if table is not None:
+        return table
     found = examples.find_example(name)
     return load_npz(found) if found is not None else examples.stand_in(name, seed)
 

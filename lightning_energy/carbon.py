@@ -4,7 +4,8 @@ CO2e (g) = energy (kWh) x intensity (gCO2e/kWh) x PUE. The intensity comes from,
 preference: a figure the user gives, an energy mix the user gives (shares of sources, see
 :func:`intensity_from_mix`), CodeCarbon's offline data for a country ISO code (and a region where
 CodeCarbon has regional data: US states, Canadian provinces, Chinese provinces, Nordic bidding zones),
-else the world average of 475 g/kWh, labelled as such. CodeCarbon's data files are read directly
+else the world average of 475 g/kWh, labelled as such. A country needs CodeCarbon's data (the ``carbon``
+extra: :class:`~lightning_energy.extras.MissingExtra` without it). CodeCarbon's data files are read directly
 (located with ``importlib.util.find_spec``), so codecarbon is never imported and nothing is looked up
 over the network. (CodeCarbon's own data API, ``codecarbon.input.DataSource``, reads the same files, but
 importing it costs ~0.4 s, its first call loads pandas and every table, ~0.9 s more, and the import prints
@@ -22,6 +23,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from lightning_energy.extras import check_installed
 from lightning_energy.units import G_PER_KG, J_PER_KWH
 
 WORLD_AVERAGE_G_PER_KWH = 475.0  # CodeCarbon's world-average fallback (IEA 2019)
@@ -129,9 +132,11 @@ def resolve_intensity(
 
 
 def location_intensity(country_iso_code: str, region: str | None = None) -> CarbonIntensity:
-    """CodeCarbon's offline intensity for a 3-letter ISO country code and optional region."""
+    """CodeCarbon's offline intensity for a 3-letter ISO country code and optional region (CodeCarbon's data:
+    :class:`~lightning_energy.extras.MissingExtra` when it is not installed)."""
     if not isinstance(country_iso_code, str) or not re.fullmatch(r"[A-Za-z]{3}", country_iso_code):
         raise ValueError(f"`country_iso_code` must be a 3-letter ISO 3166 code such as 'FRA', got {country_iso_code!r}")
+    check_installed("codecarbon", "a carbon intensity by country (country_iso_code)")
     iso = country_iso_code.upper()
     data_dir = codecarbon_data_dir()
     if data_dir is None:

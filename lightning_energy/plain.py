@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lightning_energy.core.collective import Collective, torch_distributed
+from lightning_energy.extras import check_installed
 from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures, window_bounds
 from lightning_energy.core.recorder import RunRecorder, trace_suffix
 from lightning_energy.core.run import Attachment, RunSession, sensors_for_rank
@@ -94,6 +95,8 @@ class EnergyMeter:
             raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
         if sensors is not None and backend != "auto":
             raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
+        if backend == "zeus":
+            check_installed("zeus", "backend='zeus'")
         if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
             raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
         self.log_dir = Path(log_dir)

@@ -68,6 +68,47 @@ def test_offline_commands_do_not_import_lightning_or_torch(argv, offline_run, tm
     assert result["rc"] in (0, 2), result  # 2: catalog list of a missing catalog, still without heavy imports
 
 
+def _commands() -> list[str]:
+    from lightning_energy.cli.main import COMMANDS
+
+    return list(COMMANDS)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_commands_help_imports_neither_lightning_nor_torch(command):
+    result = loaded_after([command, "--help"])
+    assert result["rc"] == 0 and f"usage: lightning-energy {command}" in result["out"]
+    assert result["heavy"] == [], f"{command} --help loaded {result['heavy']}"
+
+
+def test_estimate_finds_a_model_file_in_the_current_directory_as_python_m_does(tmp_path):
+    """As the console script runs it: ``sys.path`` without the current directory (``python -m`` and ``-c`` add
+    it; the ``lightning-energy`` script does not)."""
+    (tmp_path / "my_energy_model.py").write_text(
+        "import torch\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, width=4):\n"
+        "        super().__init__()\n"
+        "        self.layer = torch.nn.Linear(width, 2)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.layer(x)\n")
+    code = """
+import os, sys
+sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+from lightning_energy.cli.main import main
+rc = main(["estimate", "my_energy_model.Net", "--init-args", '{"width": 4}', "--input-shape", "8,4", "--steps", "10",
+           "--no-empirical"])
+print("cwd on sys.path after:", os.getcwd() in sys.path or "" in sys.path)
+sys.exit(rc)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "Predicted energy (10 steps" in done.stdout
+    assert "cwd on sys.path after: False" in done.stdout  # only for that import
+
+
 def test_public_names_still_import_and_importing_the_package_loads_nothing_heavy():
     done = fresh_python(f"""
 import sys

@@ -40,53 +40,60 @@ def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
     assert DEVICE_W * state["duration_s"] <= state["total_J"] <= (2 * DEVICE_W + HOST_W) * state["duration_s"] * (1 + 1e-9)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("validation", ["val", "noval"])
-def test_ddp_epoch_power_is_the_sum_of_the_sensors_whatever_rank_0_does_at_epoch_end(tmp_path, validation):
-    """Rank 0 works 0.3 s more at each epoch end, so the other rank starts each next epoch early. Every
-    all-rank figure is measured over one common interval: the epoch's power is the sensors' exact sum."""
-    from ddp_epoch_fit import DEVICE_W as D, HOST_W as H
-
+@pytest.fixture(scope="module")
+def epoch_fit(tmp_path_factory) -> tuple[Path, dict, str]:
+    """One launch of ddp_epoch_fit.py (validation after every second epoch, a card both ranks read) for the tests
+    below: (the report's path, the report, the fit's stderr). It used to be three launches (with validation,
+    without, and the shared card): a launch costs two interpreters, Lightning's import and gloo's start."""
+    out = tmp_path_factory.mktemp("ddp_epoch_fit")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # Lightning's warnings reach stderr
     env["OMP_NUM_THREADS"] = "1"
-    run = subprocess.run([sys.executable, str(HERE / "ddp_epoch_fit.py"), str(tmp_path), validation],
+    run = subprocess.run([sys.executable, str(HERE / "ddp_epoch_fit.py"), str(out), "mixed", "card"],
                          capture_output=True, text=True, env=env, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
+    (report_path,) = out.rglob("energy_report.json")
+    return report_path, json.loads(report_path.read_text()), run.stderr
+
+
+@pytest.mark.slow
+def test_ddp_epoch_power_is_the_sum_of_the_sensors_whatever_rank_0_does_at_epoch_end(epoch_fit):
+    """Rank 0 works longer at each epoch end, so the other rank starts each next epoch early. Every all-rank
+    figure is measured over one common interval: the epoch's power is the sensors' exact sum, in the epochs that
+    end with a validation loop and in those without one."""
+    from ddp_epoch_fit import CARD_W as C, DEVICE_W as D, EPOCHS, HOST_W as H, VALIDATE_EVERY
+
+    every = VALIDATE_EVERY["mixed"]
+
+    report_path, report, stderr = epoch_fit
     # the figures are all-rank already and go through the loggers: no `sync_dist` advice from Lightning
     # about ours (the model's own `val/loss` may get it)
-    assert not re.search(r"self\.log\('(energy|power|time|edp)/", run.stderr), run.stderr[-2000:]
-    (report_path,) = tmp_path.rglob("energy_report.json")
-    report = json.loads(report_path.read_text())
-    assert len(report["epochs"]) == 4
-    for epoch in report["epochs"]:
-        assert epoch["power_W"] == pytest.approx(2 * D + H, rel=1e-9), epoch
+    assert not re.search(r"self\.log\('(energy|power|time|edp)/", stderr), stderr[-2000:]
+    power_W = 2 * D + H + C  # a device per rank, the host and the shared card once
+    validated = [(epoch + 1) % every == 0 for epoch in range(EPOCHS)]
+    assert [e["epoch"] for e in report["epochs"]] == list(range(EPOCHS))
+    for epoch, with_validation in zip(report["epochs"], validated):
+        assert epoch["power_W"] == pytest.approx(power_W, rel=1e-9), epoch
         assert epoch["per_sensor_J"]["device"] == pytest.approx(2 * D * epoch["train_s"], rel=1e-9)
         assert epoch["per_sensor_J"]["host"] == pytest.approx(H * epoch["train_s"], rel=1e-9)
-        assert (epoch["validation_J"] > 0) == (validation == "val")
+        assert (epoch["validation_J"] > 0) == with_validation
     with open(report_path.parent / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     powers = [float(r["power/epoch_W"]) for r in rows if r.get("power/epoch_W")]
-    assert powers == pytest.approx([2 * D + H] * 4, rel=1e-9)
-    if validation == "val":
-        val = [(float(r["energy/val_epoch_J"]), float(r["time/val_epoch_s"])) for r in rows if r.get("energy/val_epoch_J")]
-        assert len(val) == 4 and all(j == pytest.approx((2 * D + H) * s, rel=1e-9) for j, s in val)
+    assert powers == pytest.approx([power_W] * EPOCHS, rel=1e-9)
+    val = [(float(r["energy/val_epoch_J"]), float(r["time/val_epoch_s"])) for r in rows if r.get("energy/val_epoch_J")]
+    assert len(val) == sum(validated) and all(j == pytest.approx(power_W * s, rel=1e-9) for j, s in val)
 
 
 @pytest.mark.slow
-def test_two_ranks_reading_one_card_count_it_once(tmp_path):
-    """Both ranks' device sensors name one card: every all-rank figure and the report count it once (rank 0's)."""
-    from ddp_shared_card_fit import CARD_W, HOST_W
+def test_two_ranks_reading_one_card_count_it_once(epoch_fit):
+    """Both ranks' card sensors name one card: every all-rank figure and the report count it once (rank 0's)."""
+    from ddp_epoch_fit import CARD_W, DEVICE_W, HOST_W
 
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(HERE / "ddp_shared_card_fit.py"), str(tmp_path)], capture_output=True,
-                         text=True, env=env, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (report_path,) = tmp_path.rglob("energy_report.json")
-    report = json.loads(report_path.read_text())
+    _, report, _ = epoch_fit
     for epoch in report["epochs"]:
-        assert epoch["per_sensor_J"]["device"] == pytest.approx(CARD_W * epoch["train_s"], rel=1e-9)
-        assert epoch["power_W"] == pytest.approx(CARD_W + HOST_W, rel=1e-9)
+        assert epoch["per_sensor_J"]["card"] == pytest.approx(CARD_W * epoch["train_s"], rel=1e-9)
     counted = {(s["name"], s["rank"]): s.get("counted", True) for s in report["sensors"]}
-    assert counted == {("device", 0): True, ("device", 1): False, ("host", 0): True}
-    d0 = next(r["duration_s"] for r in report["ranks"] if r["rank"] == 0)
-    assert report["total_J"] == pytest.approx((CARD_W + HOST_W) * d0, rel=1e-9)
+    assert counted == {("card", 0): True, ("card", 1): False, ("device", 0): True, ("device", 1): True,
+                       ("host", 0): True}
+    d0, d1 = (r["duration_s"] for r in sorted(report["ranks"], key=lambda r: r["rank"]))
+    assert report["total_J"] == pytest.approx((CARD_W + HOST_W) * d0 + DEVICE_W * (d0 + d1), rel=1e-9)

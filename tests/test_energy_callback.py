@@ -13,12 +13,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.loggers.logger import Logger
 
-from conftest import FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
+from conftest import EPOCHS, ROWS, FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.outputs.report import format_report
 from lightning_energy.outputs.trace import read_trace
 
 DEVICE_W, HOST_W = 120.0, 30.0
+STEPS = EPOCHS * ROWS // 16  # the default fit's optimizer steps (tiny_loader: batches of 16)
 VALIDATION_STEP_S = 0.1
 PUBLIC_METRICS = [
     "energy/step_J", "energy/epoch_J", "energy/total_J", "power/step_W", "power/epoch_W", "time/step_s",
@@ -58,7 +59,7 @@ def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
     step_events = acc.Scalars("energy/step_J")
     loss_steps = {e.step for e in acc.Scalars("train/loss")}
     assert {e.step for e in step_events} <= loss_steps  # energy sits on the loss's step axis
-    assert len(step_events) == 10  # 20 steps, log_every_n_steps=2
+    assert len(step_events) == STEPS // 2  # log_every_n_steps=2
     assert all(e.value > 0 for e in step_events)
     assert "power/trace" in acc.Tags()["images"]
     assert acc.Tags()["tensors"], "custom scalars layout missing"
@@ -69,7 +70,7 @@ def test_tensorboard_holds_every_metric_beside_the_loss(tmp_path):
     # step level, epoch ends and fit end, one process; epoch figures arrive a few steps after their end, so
     # TensorBoard's step axis, not the order of writing, is what must rise
     totals = [e.value for e in sorted(acc.Scalars("energy/total_J"), key=lambda e: (e.step, e.wall_time))]
-    assert len(totals) == 10 + 2 + 1 and totals == sorted(totals)
+    assert len(totals) == STEPS // 2 + EPOCHS + 1 and totals == sorted(totals)
     assert "energy/rank0_total_J" not in tags  # the rank-local figure is for DDP only
 
 
@@ -81,7 +82,7 @@ def test_report_figures_are_exact_for_constant_power(tmp_path, capsys):
     assert callback.report_path.parent == tmp_path
     assert report == json.loads(json.dumps(callback.report))
     epochs = report["epochs"]
-    assert len(epochs) == 2
+    assert len(epochs) == EPOCHS
     for row in epochs:
         assert row["train_J"] == pytest.approx((DEVICE_W + HOST_W) * row["train_s"], rel=1e-9)
         assert row["power_W"] == pytest.approx(DEVICE_W + HOST_W, rel=1e-9)
@@ -138,7 +139,7 @@ def test_csv_logger_gets_the_metrics(tmp_path):
         rows = list(csv.DictReader(fh))
     columns = set(rows[0])
     assert set(PUBLIC_METRICS) <= columns
-    assert sum(1 for r in rows if r["energy/step_J"]) == 10
+    assert sum(1 for r in rows if r["energy/step_J"]) == STEPS // 2  # log_every_n_steps=2
 
 
 def test_trace_files_hold_samples_and_events(tmp_path):
@@ -228,7 +229,7 @@ def test_a_failure_on_a_rank_other_than_zero_is_warned_there(tmp_path, monkeypat
     with pytest.warns(UserWarning, match="rank 1: sensor 'device' failed") as record:
         trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
     assert sum("sensor 'device' failed" in str(w.message) for w in record) == 1
-    assert trainer.current_epoch == 2  # training finished
+    assert trainer.current_epoch == EPOCHS  # training finished
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
@@ -272,8 +273,9 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     power_W = DEVICE_W + HOST_W
     first = EnergyCallback(sensors=simulated_sensors(), verbose=False)
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=15, save_top_k=-1, filename="{step}")
-    trainer = L.Trainer(callbacks=[first, checkpoint], **trainer_kwargs(tmp_path, enable_checkpointing=True))
-    trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48))
+    trainer = L.Trainer(callbacks=[first, checkpoint],
+                        **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
+    trainer.fit(SlowSteps(), tiny_loader(n=160), tiny_loader(n=48))
     state = energy_state(ckpt_dir / "step=15.ckpt")  # 5 steps into the second epoch
     assert len(state["epochs"]) == 1 and state["open_epoch"] == 1
     assert state["duration_s"] > first.report["epochs"][0]["train_s"] + 5 * 0.02
@@ -286,7 +288,7 @@ def test_resume_from_a_mid_epoch_checkpoint_keeps_the_energy_of_the_open_epoch(t
     checkpoint = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=15, save_top_k=-1, filename="{step}")
     trainer = L.Trainer(callbacks=[second, checkpoint], logger=logger,
                         **trainer_kwargs(tmp_path, max_epochs=3, enable_checkpointing=True))
-    trainer.fit(SlowSteps(), tiny_loader(), tiny_loader(n=48), ckpt_path=ckpt_dir / "step=15.ckpt")
+    trainer.fit(SlowSteps(), tiny_loader(n=160), tiny_loader(n=48), ckpt_path=ckpt_dir / "step=15.ckpt")
     report = second.report
     assert report["resumed"]["total_J"] == state["total_J"]
     assert report["total_J"] == pytest.approx(state["total_J"] + power_W * (report["duration_s"] - state["duration_s"]),
@@ -342,10 +344,10 @@ def test_zeus_epoch_window_leaves_validation_out_like_ours(tmp_path, monkeypatch
     logger = RecordingLogger(tmp_path)
     trainer = L.Trainer(callbacks=[callback], logger=logger, **trainer_kwargs(tmp_path, num_sanity_val_steps=0))
     trainer.fit(FakeTimeSteps(clock, step_s, VALIDATION_STEP_S), tiny_loader(), tiny_loader(n=48))
-    assert len(monitor.windows) == 4  # per epoch: the training steps, then the bit after validation
+    assert len(monitor.windows) == 2 * EPOCHS  # per epoch: the training steps, then the bit after validation
     zeus, ours = logger.values("energy/zeus_epoch_J"), logger.values("energy/epoch_J")
     val = logger.values("energy/val_epoch_J")
-    assert len(zeus) == len(ours) == 2
+    assert len(zeus) == len(ours) == EPOCHS
     for z, o, v in zip(zeus, ours, val):
         assert o == pytest.approx((DEVICE_W + HOST_W) * 10 * step_s, rel=1e-9)  # ten steps, nothing else
         assert v == pytest.approx((DEVICE_W + HOST_W) * 3 * VALIDATION_STEP_S, rel=1e-9)  # 3 x training
@@ -400,7 +402,7 @@ def test_any_lightning_logger_receives_the_metrics(tmp_path):
     keys = {k for _, metrics in logger.metrics for k in metrics}
     assert set(PUBLIC_METRICS) <= keys
     steps = [step for step, metrics in logger.metrics if "energy/step_J" in metrics]
-    assert steps == sorted(steps) and len(steps) == 10
+    assert steps == sorted(steps) and len(steps) == STEPS // 2  # log_every_n_steps=2
     assert "energy_kJ" in trainer.progress_bar_metrics
     assert trainer.progress_bar_metrics["energy_kJ"] > 0
 

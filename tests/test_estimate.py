@@ -169,8 +169,8 @@ def test_prediction_check_reports_the_error_of_a_real_fit(tmp_path):
     sensors = [SimulatedSensor("device", power_W)]
     check = EnergyPredictionCheck(step_J)
     trainer = L.Trainer(callbacks=[EnergyCallback(sensors=sensors, verbose=False), check],
-                        logger=CSVLogger(str(tmp_path)), **trainer_kwargs(tmp_path))
-    trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
+                        logger=CSVLogger(str(tmp_path)), **trainer_kwargs(tmp_path, max_epochs=2))
+    trainer.fit(TinyRegressor(), tiny_loader(n=160), tiny_loader(n=48))
     result = check.result
     assert result["steps"] == 20 and result["predicted_J"] == pytest.approx(20 * step_J)
     assert result["error"] == pytest.approx((result["predicted_J"] - result["measured_J"]) / result["measured_J"])

@@ -23,3 +23,11 @@ def test_a_fabric_ddp_loop_counts_each_device_per_rank_and_the_host_once(tmp_pat
     assert totals == pytest.approx([e["total_J"] for e in report["epochs"]] + [report["total_J"]], rel=1e-9)
     rank0 = [float(r["energy/rank0_total_J"]) for r in rows if r.get("energy/rank0_total_J")]
     assert len(rank0) == 10 and rank0 == sorted(rank0)  # 20 steps, every 2nd logged
+
+
+def test_a_plain_torch_distributed_loop_counts_each_device_per_rank_and_the_host_once(tmp_path):
+    """EnergyMeter takes its ranks from torch.distributed's default group: no Lightning in the loop."""
+    report_path, report = run_two_ranks("plain_ddp_fit.py", tmp_path)
+    check_each_device_per_rank_and_the_host_once(report, steps_per_epoch=2 * 10)
+    assert len(report["epochs"]) == 2 and all(e["validation_J"] > 0 for e in report["epochs"])
+    assert (report_path.parent / "energy_trace_rank1.csv").exists()

@@ -23,7 +23,7 @@ PACKAGE = ROOT / "lightning_energy"
 PACKAGES = (PACKAGE, ROOT / "baler_lit")
 # the lowest layer: plain helpers with no lightning_energy import of their own (any layer may use them)
 FOUNDATION = {"lightning_energy.provenance", "lightning_energy.units", "lightning_energy.io",
-              "lightning_energy.fitting", "lightning_energy.filenames"}
+              "lightning_energy.fitting", "lightning_energy.filenames", "lightning_energy.extras"}
 # the product modules allowed to reach the simulators, each a documented dry run: a sweep with `sensors: simulated`,
 # `lightning-energy monitor --sensors simulated:...`
 SIMULATOR_USERS = {"lightning_energy.sweep.config", "lightning_energy.sweep.runner", "lightning_energy.cli.commands.monitor"}

@@ -7,12 +7,12 @@ integral, and the two orders are compared exactly. ``SimulatedWorkload`` comes f
 lies inside the timeline's step window (see ``test_power_limit.py`` for what holds when it comes later). The
 EnergyCallback also reads a second device sensor of its own: each optimizer must count its own sensors only.
 One real-time fit (simulated constant-power sensors, steps that sleep ~20 ms, figures arriving late from the
-sampling thread) checks the power-limit windows where only bounds far from any jitter are asserted.
+sampling thread) checks the power-limit windows where only what no delay can break is asserted (each window
+holds its sleeps; constant power times its own duration), never how long anything took.
 """
 
 from __future__ import annotations
 
-import statistics
 import uuid
 from dataclasses import dataclass
 
@@ -27,7 +27,6 @@ from lightning_energy.callbacks.power_limit import PowerLimitOptimizer
 from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, SimModule, install_fake_time, loader
 from test_batch_size import CANDIDATES, HparamsModule, known_best, per_sample
-from test_zeus_batch_size import bso_server  # noqa: F401  (the module-scoped server fixture)
 
 ORDERS = ("energy_first", "callback_first")
 OTHER_W = 50.0  # the EnergyCallback's second device sensor: in its figures, in no optimizer's
@@ -136,8 +135,8 @@ def test_power_limit_in_either_order_in_real_time(tmp_path):
     first, second = (runs[order] for order in ORDERS)
     profiling = [[e for e in run.gpu.limit_events if e[0] < decision_step] for run in (first, second)]
     assert profiling[0] == profiling[1] == [(5, 150)]  # the second limit, set at the same step in both orders
-    medians = [statistics.median(run.series("time/step_s").values()) for run in (first, second)]
-    assert medians[1] == pytest.approx(medians[0], rel=0.25)  # ~21-27 ms sleeps; far from any jitter bound
+    # how long the steps took is the machine's business (a loaded one stretches them): that the two orders give
+    # the same step figures is checked exactly on fake time (test_power_limit_windows_and_choice_are_the_same_...)
 
 
 # ---------------------------------------------------------------------- BatchSizeSearch
@@ -167,7 +166,7 @@ def test_batch_size_search_is_the_same_in_either_order(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------- ZeusBatchSizeOptimizer
-def test_bso_reports_are_the_same_in_either_order(tmp_path, monkeypatch, bso_server):  # noqa: F811
+def test_bso_reports_are_the_same_in_either_order(tmp_path, monkeypatch, bso_server):
     url, _ = bso_server
 
     def client(gpu):  # a new job per fit: its first trial is the default batch size

@@ -1,79 +1,24 @@
 """ZeusBatchSizeOptimizer against Zeus's own BSO server on 127.0.0.1 with SQLite: three recurring fits.
 
-The server runs as a separate process from ``lightning_energy/optimize/bso_server.py`` under the first Python
-that can run it: ``$LIGHTNING_ENERGY_BSO_PYTHON``, ``.venv-bso/bin/python``, or this interpreter.
+The server runs as a separate process from ``lightning_energy/optimize/bso_server.py``, one for the session
+(the ``bso_server`` fixture of ``bso_helpers``, provided by conftest).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
-from pathlib import Path
 
 import lightning as L
 import pytest
+from bso_helpers import LAUNCHER
 from conftest import trainer_kwargs
 from lightning_energy.callbacks.zeus_batch_size import BSOServerError, ZeusBatchSizeOptimizer
 from lightning_energy.simulate.gpu_sim import SimulatedGPU, SimulatedWorkload
 from power_limit_helpers import ROWS, AccuracyModule, install_fake_time
-
-REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "lightning_energy" / "optimize" / "bso_server.py"
-
-
-def server_python() -> str | None:
-    candidates = [os.environ.get("LIGHTNING_ENERGY_BSO_PYTHON"), str(REPO / ".venv-bso" / "bin" / "python"),
-                  sys.executable]
-    for candidate in candidates:
-        if candidate and Path(candidate).exists():
-            check = subprocess.run([candidate, str(LAUNCHER), "--check"], capture_output=True, text=True, timeout=120)
-            if check.returncode == 0:
-                return candidate
-    return None
-
-
-@pytest.fixture(scope="module")
-def bso_server(tmp_path_factory):
-    python = server_python()
-    if python is None:
-        pytest.skip("no Python here can run Zeus's BSO server: it needs fastapi>=0.119,<0.128, uvicorn, "
-                    "sqlalchemy[asyncio], aiosqlite and python-dotenv beside zeus (see lightning_energy/optimize/bso_server.py); "
-                    "create .venv-bso or set LIGHTNING_ENERGY_BSO_PYTHON")
-    folder = tmp_path_factory.mktemp("bso")
-    database = folder / "bso.sqlite3"
-    with socket.socket() as s:  # a free port on this machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(folder / "server.log", "w")
-    server = subprocess.Popen([python, str(LAUNCHER), "--host", "127.0.0.1", "--port", str(port),
-                               "--database", str(database)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the BSO server exited: {(folder / 'server.log').read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("the BSO server did not start listening within 60 s")
-                time.sleep(0.2)
-        yield url, database
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
 
 
 def test_three_recurring_fits_honour_the_servers_batch_sizes(tmp_path, monkeypatch, bso_server):

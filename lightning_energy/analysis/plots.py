@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_energy.extras import check_installed
 from lightning_energy.io import atomic_write_bytes
 from lightning_energy.provenance import word
 
@@ -15,6 +16,7 @@ MARKERS = "os^Dv"  # a new marker for each further 10 groups (matplotlib cycles 
 
 
 def _figure(rows: int = 1, cols: int = 1, size=(8.0, 4.5), height_ratios=None):
+    check_installed("matplotlib", "lightning-energy's plots")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -13,6 +13,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_energy.extras import check_installed
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.carbon import (
     CarbonIntensity, co2e_g, resolve_intensity, validate_pue,
@@ -95,6 +96,8 @@ class CarbonCallback(MeteredCallback):
         if codecarbon_crosscheck and country_iso_code is None:
             raise ValueError("`codecarbon_crosscheck` needs `country_iso_code`: CodeCarbon's offline tracker "
                              "requires a country")
+        if codecarbon_crosscheck:
+            check_installed("codecarbon", "CarbonCallback(codecarbon_crosscheck=True)")
         self.configure_measurement(sensors, backend, interval_s)
         self.country_iso_code = country_iso_code
         self.region = region

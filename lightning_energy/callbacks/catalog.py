@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import math
+import shlex
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from lightning_energy.core.published import Published
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.io import try_atomic_write_json
 from lightning_energy.measure.meter import measure
-from lightning_energy.provenance import combine, of_entry
+from lightning_energy.provenance import combine, of_entry, tagged
 from lightning_energy.outputs.report import version
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
@@ -57,6 +58,10 @@ class CatalogCallback(MeteredCallback):
     training; a catalog that cannot take the record at the end (locked by another process for over
     ``CATALOG_TIMEOUT_S`` s, damaged, not a catalog) never fails it: the fit is warned about once as not
     recorded (``record_id`` None, the reason in ``problems``) and ``run_attributes.json`` is still written.
+
+    At fit end one line (rank zero, the ``lightning_energy`` logger) gives the record's id, its energy (saying
+    whether it is measured, estimated or simulated) and CO2e, the catalog file, and the exact command that
+    lists it (``lightning-energy catalog list`` alone reads ``./runs`` or ``.``, not ``<default_root_dir>``).
 
     Args:
         catalog_path: the SQLite file (default ``<default_root_dir>/energy_catalog.sqlite``).
@@ -183,7 +188,15 @@ class CatalogCallback(MeteredCallback):
             self.problems.append(problem)
             rank_zero_warn(f"lightning-energy: {problem}")
         if self.record_id is not None:
-            log_info(f"lightning-energy: fit recorded as id {self.record_id} in {self._catalog.path}")
+            log_info(self.summary_line())
+
+    def summary_line(self) -> str:
+        """The recorded fit in one line: id, energy (J, with its provenance), CO2e (g) and the command listing it."""
+        record, path = self.record, Path(self._catalog.path)
+        energy = tagged(f"{record['energy_J']:.4g} J", record["provenance"])
+        return (f"CatalogCallback: fit recorded as id {self.record_id}: {energy}, {record['gCO2e']:.3g} gCO2e "
+                f"({record['intensity_label']}) in {path}; list it with: lightning-energy catalog list --catalog "
+                f"{shlex.quote(str(path.resolve()))}")
 
     # ---------------------------------------------------------------- the record
     def _fit_so_far(self, final: bool) -> tuple[dict[str, float], float]:

@@ -17,6 +17,7 @@ from lightning_energy.predict.peaks import Peak, device_peak, precision_of
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.provenance import combine, tagged
 from lightning_energy.units import FLOP_PER_GFLOP
 
 log_info = rank_zero_info_for(__name__)
@@ -27,11 +28,20 @@ TABLE_FILE = "flops_table.csv"
 class FlopsCallback(MeteredCallback):
     """Count the model's FLOPs once, then report how fast and how efficiently they run.
 
-    The table (per layer: parameters, forward MACs and FLOPs, backward FLOPs, MACs in the Baler
-    study's convention; see :mod:`lightning_energy.predict.flops`) is counted with ``FlopCounterMode`` on
+    The table (per layer: parameters, forward MACs and FLOPs, backward FLOPs, study MACs; see
+    :mod:`lightning_energy.predict.flops`) is counted with ``FlopCounterMode`` on
     ``example_input`` (or the module's ``example_input_array``) at fit start, else on the first
     training batch inside the real training step (forward until ``on_before_backward``, backward
     after it). That counted step is left out of the rates below (the counter slows it down).
+
+    ``study_MACs`` are the multiply-accumulates of one forward pass of the batch counted the way the Baler
+    profiling study counted them (ptflops' convention: Linear and Conv layers only, a Linear bias once per
+    output feature, not per sample), so a figure can be set beside that study's table; the rates, MFU and
+    energy per GFLOP below use torch's FLOPs (2 per multiply-accumulate, forward and backward) instead.
+
+    At fit end one line (rank zero, the ``lightning_energy`` logger) gives the GFLOP per training batch, the
+    study MACs, the fit's FLOP rate, MFU and energy per GFLOP (saying whether that energy is measured,
+    estimated or simulated) and the path of ``flops_table.csv`` (:meth:`summary_line`).
 
     Logged at fit start (rank zero): TensorBoard text ``flops/table``, ``flops_table.csv`` in the log
     dir, and hyperparameters ``flops/params``, ``flops/forward_GFLOP_per_batch``,
@@ -88,6 +98,8 @@ class FlopsCallback(MeteredCallback):
         self.peaks: dict[str, Peak] = {}  # every precision trained in, by peaks.PRECISIONS key
         self.energy_estimated = False
         self.estimated_sensors: list[str] = []  # estimated sensors of every rank
+        self.energy_provenance = "measured"  # of the sensors of every rank: measured / estimated / simulated, +-joined
+        self.table_path: Path | None = None  # flops_table.csv once written (rank zero)
         self.epochs: list[dict] = []
         self._recorder: FlopsRecorder | None = None
         self._counting_batch = False
@@ -97,7 +109,7 @@ class FlopsCallback(MeteredCallback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit" or self.attachment is not None:
             return
-        self.table, self.epochs, self.peak, self.peaks = None, [], None, {}
+        self.table, self.epochs, self.peak, self.peaks, self.table_path = None, [], None, {}, None
         self._recorder: FlopsRecorder | None = None
         self._counting_batch = False
         # per optimizer step (Lightning's step number), until the timeline measures it: its epoch, samples per
@@ -109,8 +121,10 @@ class FlopsCallback(MeteredCallback):
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         self._device = trainer.strategy.root_device
         attachment = self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
-        local = [s.name for s in attachment.sensors if s.estimated]
-        self.estimated_sensors = sorted({name for names in distributed.gather(trainer, local) for name in names})
+        local = [(s.name, s.estimated, s.provenance) for s in attachment.sensors]
+        gathered = [sensor for rank in distributed.gather(trainer, local) for sensor in rank]
+        self.estimated_sensors = sorted({name for name, estimated, _ in gathered if estimated})
+        self.energy_provenance = combine(provenance for _, _, provenance in gathered)
         self.energy_estimated = bool(self.estimated_sensors)
         if self.energy_estimated:
             log_info(f"FlopsCallback: sensors {self.estimated_sensors} are estimates, not measurements, so "
@@ -187,7 +201,7 @@ class FlopsCallback(MeteredCallback):
             return
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        self.write_output(self._log_dir / TABLE_FILE, table.csv_text())
+        self.table_path = self.write_output(self._log_dir / TABLE_FILE, table.csv_text())
         params = {
             "flops/params": table.params,
             "flops/forward_GFLOP_per_batch": table.forward_FLOPs / FLOP_PER_GFLOP,
@@ -246,6 +260,32 @@ class FlopsCallback(MeteredCallback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for epoch in sorted(self._waiting):  # every step is delivered by now; a step never measured is left out
             self._epoch_row(trainer, self._waiting.pop(epoch))
+        log_info(self.summary_line())
+
+    def summary_line(self) -> str:
+        """One line on the fit: FLOPs per batch, study MACs, and over every measured epoch the FLOP rate, energy per
+        GFLOP and MFU (time-weighted over the epochs) against each precision's peak, with where the table went."""
+        table = self.table
+        if table is None:
+            return "FlopsCallback: no FLOPs counted (no training batch ran); nothing written"
+        batch = f" of {table.batch_size}" if table.batch_size else ""
+        where = f"table: {self.table_path}" if self.table_path is not None else "table not written (see the warning)"
+        head = (f"FlopsCallback: {_flop(table.train_FLOPs)} per training batch{batch} (forward "
+                f"{_flop(table.forward_FLOPs)}; study MACs {table.study_MACs:,}: one forward pass as the Baler study "
+                "counts it, Linear/Conv only)")
+        seconds = sum(e["steps_s"] for e in self.epochs)
+        if not self.epochs or seconds <= 0:
+            return f"{head}; no epoch measured beyond the counted step; {where}"
+        gflop = sum(e["flops/epoch_GFLOP"] for e in self.epochs)
+        energy_J = sum(e["steps_J"] for e in self.epochs)
+        mfu = sum(e["flops/mfu"] * e["steps_s"] for e in self.epochs) / seconds
+        precisions = sorted({name for e in self.epochs for name in e["GFLOP_by_precision"]})
+        peaks = "; ".join(f"{name} {_flop(self.peaks[name].flops_per_s)}/s ({self.peaks[name].source})"
+                          for name in precisions if name in self.peaks)
+        per_gflop = tagged(f"{energy_J / gflop:.4g} J/GFLOP", self.energy_provenance) if gflop > 0 else "no FLOPs"
+        return (f"{head}; over {len(self.epochs)} epoch{'s' if len(self.epochs) != 1 else ''}: "
+                f"{_flop(gflop * FLOP_PER_GFLOP / seconds)}/s, {per_gflop}, MFU {100 * mfu:.3g} % of the peak, "
+                f"{peaks}; {where}")
 
     def _epoch_row(self, trainer: Trainer, figures: EpochFigures) -> None:
         """The epoch's row from its measured steps, all ranks (a collective under DDP)."""
@@ -276,3 +316,11 @@ class FlopsCallback(MeteredCallback):
                             {name: f / FLOP_PER_GFLOP for name, f in by_precision.items()},
                             "energy_estimated": self.energy_estimated})
         self.log_metrics(trainer, {name: value for name, value in row.items() if name != "epoch"}, figures.step)
+
+
+def _flop(value: float) -> str:
+    """FLOPs with an SI prefix: ``1.02 kFLOP``, ``31.3 GFLOP``."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}FLOP"
+    return f"{value:.3g} FLOP"

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
+from lightning_energy.extras import check_installed
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.optimize.power_limit import gpu_control
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
@@ -186,6 +187,7 @@ class PowerLimitOptimizer(MeteredCallback):
         max_power_scope: str = "job",
     ) -> None:
         super().__init__()
+        check_installed("zeus", "PowerLimitOptimizer")  # fail at construction, not in the middle of a fit
         if selector not in SELECTORS:
             raise ValueError(f"`selector` must be one of {SELECTORS}, got {selector!r}")
         if search not in SEARCHES:

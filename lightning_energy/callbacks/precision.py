@@ -17,6 +17,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_energy.extras import check_installed
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
 from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
@@ -49,6 +50,7 @@ from lightning_energy.optimize.precision.policy import (
     window_summary,
 )
 from lightning_energy.optimize.precision.probe import reference_loss
+from lightning_energy.provenance import combine, tagged
 from lightning_energy.optimize.precision.report import (
     KEPT_CHECKS,
     REPORT_FILE,
@@ -59,6 +61,9 @@ from lightning_energy.optimize.precision.report import (
 PROBE = "precision_probe"  # the timeline's sub-window of the full-precision replay
 
 log_info = rank_zero_info_for(__name__)
+
+#: What the report table's ``code`` column (and the ``precision/mode`` metric) holds.
+CODE_MEANING = f"the mode as a number, as logged in precision/mode ({MODE_LEGEND}; higher is less precise)"
 
 
 class _FromPolicy:
@@ -224,6 +229,7 @@ class PrecisionSwitch(MeteredCallback):
         verbose: bool = True,
     ) -> None:
         super().__init__()
+        check_installed("scipy", "PrecisionSwitch")  # fail at construction, not in the middle of a fit
         self.policy = PrecisionPolicy(
             candidates=candidates, tolerance=tolerance, fixed_mode=mode, warmup_steps=warmup_steps,
             profile_steps=profile_steps, check_every_n_steps=check_every_n_steps, probe_batches=probe_batches,
@@ -264,6 +270,7 @@ class PrecisionSwitch(MeteredCallback):
         self._skips_before = 0
         self._warned: set[str] = set()
         self._estimated = False
+        self._provenance = "measured"  # of this rank's sensors: measured / estimated / simulated, +-joined
         self._report_built = False
 
     # ---------------------------------------------------------------- set-up and tear-down
@@ -292,6 +299,7 @@ class PrecisionSwitch(MeteredCallback):
         attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s)
         self._names = attachment.sensor_names  # this callback's sensors: the figures carry every sensor's
         self._estimated = any(getattr(s, "estimated", False) for s in attachment.sensors)
+        self._provenance = combine(s.provenance for s in attachment.sensors)
         self._log_dir = Path(trainer.log_dir or trainer.default_root_dir)
 
     def _install_plugin(self, trainer: Trainer) -> SwitchablePrecision:
@@ -514,9 +522,26 @@ class PrecisionSwitch(MeteredCallback):
         self.report_path = self.write_output(self._log_dir / REPORT_FILE, self.report)
         if self.verbose:
             where = self.report_path or "not written (see the warning)"
-            print(format_precision_report(self.report) + f"\nreport: {where}", flush=True)
-        elif self.report_path is not None:
-            log_info(f"PrecisionSwitch: report written to {self.report_path}")
+            print(format_precision_report(self.report) + f"\n  code: {CODE_MEANING}\nreport: {where}", flush=True)
+        log_info(self.summary_line())
+
+    def summary_line(self) -> str:
+        """The fit in one line (rank zero, once the report is built): the final mode, the energy trained in all
+        modes (J, with its provenance) and per profiled step against ``32-true``, and where the report went."""
+        report = self.report
+        rows = {row["mode"]: row for row in report["modes"]}
+        steps = sum(row["trained_steps"] for row in rows.values())
+        energy = tagged(f"{sum(row['trained_J'] for row in rows.values()):.4g} J", self._provenance)
+        how = ("fixed mode" if report["fixed_mode"] else f"chosen {report['chosen']}" if report["chosen"]
+               else "nothing chosen: training ended while profiling")
+        final = report["final_mode"]
+        profiled = [name for name in (final, REFERENCE_MODE) if rows.get(name, {}).get("step_J") is not None]
+        per_step = (" (profiled " + " vs ".join(f"{name} {rows[name]['step_J']:.4g} J/step" for name in profiled) + ")"
+                    if len(profiled) == 2 and final != REFERENCE_MODE else "")
+        switches = len(report["switches"])
+        where = f"report written to {self.report_path}" if self.report_path else "report not written (see the warning)"
+        return (f"PrecisionSwitch: final mode {final} ({how}), {energy} over {steps} trained steps{per_step}, "
+                f"{switches} switch{'es' if switches != 1 else ''}; {where} (its column code: {CODE_MEANING})")
 
     def energy_report_section(self, trainer: Trainer) -> dict:
         """The per-mode table for EnergyCallback's ``energy_report.json`` (called on every rank)."""

@@ -19,12 +19,13 @@ from lightning_energy.integration.base import MeteredCallback, rank_zero_info_fo
 from lightning_energy.io import atomic_write_text
 from lightning_energy.measure.meter import Mark, Measurement, measure
 from lightning_energy.outputs.op_energy import (
-    DEVICE_SYNC_MARKER, SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy, clock_offset_us,
-    counter_events, device_clock_offset_us, device_of, read_chrome_trace, write_chrome_trace,
+    DEVICE_SYNC_MARKER, IDLE_ROWS, SYNC_MARKER, Attribution, EnergyCurve, WindowRecorder, attribute_energy,
+    clock_offset_us, counter_events, device_clock_offset_us, device_of, read_chrome_trace, write_chrome_trace,
 )
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.series import bound_between
+from lightning_energy.provenance import combine, tagged
 from lightning_energy.units import US_PER_S
 
 log_info = rank_zero_info_for(__name__)
@@ -91,6 +92,10 @@ class EnergyProfiler(MeteredCallback):
       launched_device_sensors, launched_device_source``: the device energy of the kernels the op
       launched (so ``aten::mm`` shows what its kernels cost). The text table and the counter tracks
       say which figures are estimates too, and an info message says it once at setup.
+
+    At fit end one line (rank zero, the ``lightning_energy`` logger) gives the profiled windows' energy, whether
+    it is measured, estimated or simulated, the op that took most of it, and the folder of the traces and
+    ``op_energy_step*.csv`` tables (:meth:`summary_line`).
 
     Logged (rank zero, at the global step that ends the window): ``profiler/window_J``,
     ``profiler/window_s``, ``profiler/window_W``, ``profiler/idle_J`` and, with TensorBoard, the text
@@ -171,6 +176,7 @@ class EnergyProfiler(MeteredCallback):
         self._log_dir: Path | None = None
         self._trainer: Trainer | None = None
         self.estimated_sensors: list[str] = []  # this rank's sensors that are estimates
+        self._provenance: dict[str, str] = {}  # sensor name -> measured / estimated / simulated
         self._scopes: dict[str, str] = {}  # sensor name -> "device" / "host"
         self._device: int | None = None  # the CUDA index whose kernels are profiled; None on a CPU run
         self._device_probe = None  # a one-element tensor on that GPU: the device sync marker's kernel
@@ -196,6 +202,7 @@ class EnergyProfiler(MeteredCallback):
         attachment = self.attach(trainer, self._user_sensors, interval_s=self.interval_s)
         self.estimated_sensors = sorted(s.name for s in attachment.sensors if s.estimated)
         self._scopes = {s.name: s.scope for s in attachment.sensors}
+        self._provenance = {s.name: s.provenance for s in attachment.sensors}
         if self.estimated_sensors:
             log_info(f"EnergyProfiler: sensors {self.estimated_sensors} are estimates, not measurements; the "
                            "energy in the traces and per-op tables is labelled estimated")
@@ -277,6 +284,32 @@ class EnergyProfiler(MeteredCallback):
         if self._windows_opened == 0 and trainer.is_global_zero:
             rank_zero_warn(f"EnergyProfiler: training ended before the schedule {self.schedule} reached an active "
                            "step; no trace was written")
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._log_dir is not None:
+            log_info(self.summary_line())
+
+    def summary_line(self) -> str:
+        """One line on this rank's profiled windows: their energy (J, with its provenance), time (s), the op that
+        took the most energy, and where the traces and per-op tables were written."""
+        where = (f"traces (*.pt.trace.json: TensorBoard's PyTorch Profiler plugin, torch-tb-profiler, or Perfetto) "
+                 f"and per-op energy (op_energy_step*.csv) in {self._log_dir}")
+        if not self.windows:
+            return f"EnergyProfiler: no window profiled (schedule {self.schedule}); nothing written to {self._log_dir}"
+        energy_J = sum(w.window_J for w in self.windows)
+        seconds = sum(w.window_s for w in self.windows)
+        sensors = {name for w in self.windows for name in w.attribution.sensor_J}
+        provenance = combine(self._provenance.get(name, "measured") for name in sensors)
+        by_op: dict[str, float] = {}
+        for w in self.windows:
+            for row in w.attribution.rows:
+                if row.op not in IDLE_ROWS:
+                    by_op[row.op] = by_op.get(row.op, 0.0) + row.energy_J
+        top = max(by_op, key=by_op.get) if by_op else None
+        most = f", most in {top} ({by_op[top]:.3g} J)" if top is not None else ""
+        count = f"{len(self.windows)} profiled window{'s' if len(self.windows) != 1 else ''}"
+        return f"EnergyProfiler: {count}, {tagged(f'{energy_J:.3g} J', provenance)} in {seconds:.3g} s{most}; {where}"
 
     def _open_window_if_recording(self) -> None:
         from torch.profiler import ProfilerAction

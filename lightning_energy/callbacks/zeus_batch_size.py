@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
 from typing_extensions import override
 
+from lightning_energy.extras import check_installed
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.lightning_internals import batches_that_stepped
@@ -87,6 +88,7 @@ class ZeusBatchSizeOptimizer(MeteredCallback):
                  sensors: list[Sensor] | None = None, timeout_s: float = 10.0,
                  interval_s: float = DEFAULT_INTERVAL_S) -> None:
         super().__init__()
+        check_installed("zeus", "ZeusBatchSizeOptimizer")  # fail at construction, not in the middle of a fit
         if not isinstance(server_url, str) or not server_url.startswith(("http://", "https://")):
             raise ValueError(f"`server_url` must be an http(s) URL, got {server_url!r}")
         if not isinstance(monitor, str) or not monitor:

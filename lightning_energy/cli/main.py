@@ -2,7 +2,8 @@
 
 Each command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``.
 Errors a user can fix raise :class:`CommandError`; they are printed as one line on stderr with exit 2, and
-so is an ``OSError`` (a read-only or full output folder).
+so are an ``OSError`` (a read-only or full output folder) and a package of an extra that is not installed
+(:mod:`lightning_energy.extras`: the line names the extra; commands check what they need before writing).
 Start-up stays light (no Lightning, torch or matplotlib until a command needs them): the package's public
 names load lazily and each command imports its heavy modules inside ``run``. Output piped into a reader
 that stops early (``| head``) ends the command quietly.
@@ -16,6 +17,7 @@ import os
 import sys
 
 from lightning_energy.cli.commands import CommandError  # defined apart so `python -m` runs catch it too
+from lightning_energy.extras import missing_extra_of
 
 # name -> module; add a line here for each new command
 COMMANDS: dict[str, str] = {
@@ -49,10 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except CommandError as err:
-        print(f"lightning-energy {args.command}: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        return _refuse(args.command, str(err))
+    except ModuleNotFoundError as err:  # MissingExtra included: the extra that installs the package, in one line
+        missing = missing_extra_of(err, "this command")
+        if missing is None:
+            raise
+        return _refuse(args.command, str(missing))
     except BrokenPipeError:  # an OSError too: caught first
-        return _reader_went_away()
+        return reader_went_away()
     except OSError as err:  # a file system refusing what the user asked for: a read-only or full output folder
         where = f": {err.filename}" if err.filename else ""
         print(f"lightning-energy {args.command}: error: {err.strerror or ' '.join(str(err).split())}{where}",
@@ -60,7 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _reader_went_away() -> int:
+def _refuse(command: str, message: str) -> int:
+    """``message`` as the command's one line of error on stderr; exit code 2."""
+    print(f"lightning-energy {command}: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def reader_went_away() -> int:
     """stdout's reader closed the pipe (``| head``): no traceback, and nothing more written at exit."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -244,11 +244,18 @@ class RunRecorder:
         }
 
     def sampling_section(self) -> dict:
-        """The report's ``sampling`` entry: interval, samples, files, read errors, slow sensors, errors."""
+        """The report's ``sampling`` entry: interval (s), samples (the sampler's ticks since this recorder's
+        set-up), the trace's rows and files, read errors, slow sensors, errors.
+
+        The trace ends its rows here (:meth:`TraceWriter.end_rows`): ``trace_rows`` is the row count of the
+        trace file (None without one, or when it failed), and every row is one of the ``samples`` (a tick
+        that read nothing writes no row)."""
         sampler, names = self.sampler, self.names
+        trace_rows = self.trace.end_rows() if self.trace is not None and not self.trace.failed else None
         return {
             "interval_s": sampler.interval_s,
             "samples": sampler.samples_taken - self.samples_at_start,
+            "trace_rows": trace_rows,
             "trace_file": str(self.trace.trace_path) if self.trace else None,
             "events_file": str(self.trace.events_path) if self.trace else None,
             # transient read errors per sensor (within the error budget: the sensor stayed in), sensors read

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
+from lightning_energy.extras import check_installed
 from lightning_energy.integration import session as sessions
 from lightning_energy.integration.lightning_internals import summary_file_writer, tensorboard_tag_prefix
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
@@ -173,6 +174,8 @@ class MeteredCallback(Callback):
             raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
         if sensors is not None and backend != "auto":
             raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
+        if backend == "zeus":
+            check_installed("zeus", "backend='zeus'")
         return None if sensors is None else validate_sensors(sensors)
 
     @staticmethod

@@ -21,6 +21,7 @@ import math
 import re
 import time
 
+from lightning_energy.extras import install_command, is_installed
 from lightning_energy.integration.lightning_internals import (
     set_writes_default_hp_metric, summary_file_writer, writes_default_hp_metric)
 from lightning_energy.outputs.worker import DEFAULT_CLOSE_TIMEOUT_S, OutputWorker, describe_error
@@ -153,6 +154,10 @@ class TensorBoardExtras:
         self._closed = False
         self.loggers: list = []  # the TensorBoardLoggers of the writers (for_trainer), same order
         self._hp_metric_defaults: list[tuple[object, bool]] = []  # (logger, its default_hp_metric) taken over
+        self.can_draw = is_installed("matplotlib")  # power figures need the [analysis] extra
+        if not self.can_draw:
+            self.notes.append(f"power figures: none drawn, matplotlib is not installed "
+                              f"({install_command('analysis')})")
 
     @property
     def problems(self) -> list[str]:
@@ -207,6 +212,8 @@ class TensorBoardExtras:
         now = self.clock()
         if self._first_epoch_end is None:
             self._first_epoch_end = now
+        if not self.can_draw:
+            power_points = None
         if power_points is not None:
             self.epochs_seen += 1
             self._held = None  # a later epoch came: the one held is not the last

@@ -5,8 +5,10 @@ started, ``unix_time_s``, and per sensor ``<name>:energy_J`` (cumulative, blank 
 updates), ``<name>:power_W`` and every telemetry field ``<name>:<field>``) and ``energy_events.csv``
 (``time_s, unix_time_s, event, epoch, step`` and per sensor ``<name>:energy_J``: the cumulative energy the
 meter resolved at the event's mark, for the fit's start and end). Both are written under a ``.partial`` name and renamed
-when the trace closes. Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off the training
-thread. A fault under the trace (a full disk, a read-only log dir) never reaches training: it is one line
+when the trace closes. The sample rows end when the run's report counts them (:meth:`TraceWriter.end_rows`): the
+report's ``sampling.trace_rows`` is the trace's row count, however long the teardown after the report takes (the
+events still pending are written after it). Rows are buffered and flushed every ``FLUSH_EVERY_ROWS`` rows, off
+the training thread. A fault under the trace (a full disk, a read-only log dir) never reaches training: it is one line
 in ``TraceWriter.problems`` and the report's trace entry should then say the trace is missing.
 """
 
@@ -58,6 +60,7 @@ class TraceWriter:
         self._rows_since_flush = 0
         self._lock = threading.Lock()  # the sampling thread writes, the training thread closes (once)
         self.rows = 0
+        self.rows_ended = False  # no sample rows after the report counted them (events are still written)
         self.closed = False
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -91,6 +94,14 @@ class TraceWriter:
         if not self.failed:
             self._pending_events.append((name, t, epoch, step, mark))
 
+    def end_rows(self) -> int:
+        """Write no sample row from now on and return the rows written (the run's report calls it when it
+        counts the samples, so that the trace holds exactly the rows the report states). The events still
+        pending (the fit's end) are written at the next sample or at :meth:`close`."""
+        with self._lock:
+            self.rows_ended = True
+            return self.rows
+
     def __call__(self, t: float, readings: list[Reading]) -> None:
         if self.closed:
             return
@@ -98,7 +109,10 @@ class TraceWriter:
             if self.closed:
                 return
             try:
-                self._write_sample(t, readings)
+                if self.rows_ended:
+                    self._write_events()
+                else:
+                    self._write_sample(t, readings)
             except (OSError, ValueError) as err:  # ValueError: a file closed under us
                 self._abandon(f"stopped after {self.rows} rows", err)
 

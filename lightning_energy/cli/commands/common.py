@@ -17,6 +17,15 @@ def load_runs_or_fail(run_dirs: list[Path]):
         raise CommandError(str(err)) from None
 
 
+def check_plotting(args) -> None:
+    """Before the command prints or writes anything: matplotlib (the ``analysis`` extra) unless ``--no-plots``;
+    :class:`~lightning_energy.extras.MissingExtra` (one line, exit 2) without it."""
+    from lightning_energy.extras import check_installed
+
+    if not args.no_plots:
+        check_installed("matplotlib", "its plots (--no-plots prints the tables only)")
+
+
 def table(header: list[str], rows: list[list]) -> str:
     """A fixed-width text table: numbers right-aligned with 4 significant digits or 2 decimals."""
     cells = [[cell(v) for v in row] for row in rows]

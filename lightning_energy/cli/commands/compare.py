@@ -26,7 +26,7 @@ import math
 from pathlib import Path
 
 from lightning_energy.analysis import DEFAULT_RATE_HZ
-from lightning_energy.cli.commands.common import load_runs_or_fail, table
+from lightning_energy.cli.commands.common import check_plotting, load_runs_or_fail, table
 
 HELP = "compare runs: resampled mean ± std power and energy curves, EDP per run, summary table"
 
@@ -48,6 +48,7 @@ def run(args) -> int:
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.provenance import word
 
+    check_plotting(args)
     if not args.rate_hz > 0 or not math.isfinite(args.rate_hz):
         raise CommandError(f"--rate-hz must be a finite number > 0, got {args.rate_hz}")
     runs = load_runs_or_fail(args.run_dirs)

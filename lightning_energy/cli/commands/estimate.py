@@ -1,18 +1,20 @@
 """``lightning-energy estimate MODEL``: predict a model's training energy before training it.
 
-The model is given as an import path of its class (``package.module.Class``), its constructor
-arguments as JSON (an object for keyword arguments, a list for positional ones) and the shape of one
-input batch. Prints the FLOPs/MACs table and the theoretical and empirical predictions; ``--json``
+The model is given as an import path of its class (``package.module.Class``, looked up from the current
+directory first, as ``python -m`` looks up a module), its constructor arguments as JSON (an object for keyword
+arguments, a list for positional ones) and the shape of one input batch. Prints the FLOPs/MACs table and the theoretical and empirical predictions; ``--json``
 also writes them to a file (atomically). An input batch and model too large for the device's free memory
 (``MEMORY_SHARE``) are refused before either is allocated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 HELP = "predict a model's energy per training step and for a whole training run, before training"
@@ -24,7 +26,8 @@ FALLBACK_HOST_BYTES = 8 * 2**30  # assumed free host memory where the OS does no
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model", help="import path of the model class, e.g. torch.nn.Linear or mypkg.models.AE")
+    parser.add_argument("model", help="import path of the model class, e.g. torch.nn.Linear or mymodel.Net "
+                        "(mymodel.py in the current directory)")
     parser.add_argument("--init-args", default="{}", metavar="JSON",
                         help='constructor arguments: a JSON object (keywords) or list (positional); default {}')
     parser.add_argument("--input-shape", required=True, metavar="N,D,...",
@@ -170,11 +173,14 @@ def _parse_init_args(text: str, error):
 
 
 def _import_class(path: str, error):
+    """The class (or callable) at ``path``, ``module.Class``; the module is found as ``python -m`` finds one:
+    the current directory first, then ``sys.path`` (the current directory only for this import)."""
     module_name, _, name = path.rpartition(".")
     if not module_name:
         raise error(f"model {path!r} must be an import path such as package.module.Class")
     try:
-        module = importlib.import_module(module_name)
+        with _current_directory_on_path():
+            module = importlib.import_module(module_name)
     except ImportError as err:
         raise error(f"cannot import module {module_name!r} for model {path!r} ({err})") from None
     if not hasattr(module, name):
@@ -183,3 +189,19 @@ def _import_class(path: str, error):
     if not callable(target):
         raise error(f"{path} is not a class or callable")
     return target
+
+
+@contextlib.contextmanager
+def _current_directory_on_path():
+    """Within: the current directory first on ``sys.path`` (where ``python -m`` puts it; a console script's
+    ``sys.path`` starts with its own folder instead), taken out again after unless it was there before."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(cwd)

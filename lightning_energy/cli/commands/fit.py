@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from lightning_energy.cli.commands.common import load_runs_or_fail, table
+from lightning_energy.cli.commands.common import check_plotting, load_runs_or_fail, table
 
 HELP = "energy, time and EDP vs a numeric run attribute, with quadratic fits (R² where spare runs test them)"
 QUANTITIES = {"energy": ("J", "total_J"), "time": ("s", "duration_s"), "edp": ("J*s", "edp_Js")}
@@ -85,6 +85,7 @@ def run(args) -> int:
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.provenance import word
 
+    check_plotting(args)
     runs = load_runs_or_fail(args.run_dirs)
     try:
         by, group_by = split_by(args.by)

@@ -48,8 +48,9 @@ Print them flushed (print(..., flush=True)); they are timed when the monitor rea
 _MARKER = re.compile(r"lightning-energy:\s+(?:(step|epoch)|window\s+(start|end)\s+([A-Za-z0-9_.\-]+))\s*")
 
 SIMULATED_HELP = """--sensors simulated:device_W=TRACE[,host_W=TRACE][,kind=power|energy]: a dry run. TRACE is watts, or
-watts from the start then TIME:WATTS changes (seconds since the measurement started), e.g. 100/0.5:300/2:50
-(100 W, 300 W from 0.5 s, 50 W from 2 s)."""
+watts from the start then TIME:WATTS changes (seconds since the sensor opened, just before the measurement
+starts; the report gives each sensor's trace_time_at_start_s), e.g. 100/0.5:300/2:50 (100 W, 300 W from 0.5 s,
+50 W from 2 s)."""
 
 # Signals the monitor forwards to its command. SIGCHLD is waited for with them (the command's end).
 FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -151,26 +152,36 @@ def next_run_folder(base: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------- sensors
 def simulated_sensors(spec: dict) -> list:
-    """Sensors following the power traces of a parsed ``--sensors simulated:`` spec (t = 0 when the sensor opens,
-    which the report states as ``trace_origin_unix_s`` so that the exact energy of any span can be computed)."""
+    """Sensors following the power traces of a parsed ``--sensors simulated:`` spec (t = 0 when the sensor opens).
+
+    Each describes its trace and where the measurement sits on it: ``trace_time_at_start_s``, the trace's time
+    (s since its t = 0) at the report's start, exact on the sampler's clock (see :func:`start_meter`), so
+    that the exact energy of the measured span is the trace's integral from there over the report's
+    ``duration_s``; and ``trace_origin_unix_s``, the Unix time of its t = 0 (to the wall clock's precision)."""
     try:
         from lightning_energy.simulate.simulated_sensor import SimulatedSensor
     except ImportError:  # before the simulators moved out of lightning_energy.testing
         from lightning_energy.testing.simulated_sensor import SimulatedSensor
 
     class TraceSensor(SimulatedSensor):
-        """A simulated sensor whose description holds its trace and the Unix time of its t = 0."""
+        """A simulated sensor whose description holds its trace and where the measurement started on it."""
 
         trace_origin_unix_s: float | None = None
+        trace_time_at_start_s: float | None = None
 
         def open(self) -> None:
             if self._origin is None:
                 self.trace_origin_unix_s = time.time()
             super().open()
 
+        def measurement_started(self, t: float) -> None:
+            """The measurement started at ``t`` (the sampler's clock, s: this sensor's clock too)."""
+            self.trace_time_at_start_s = t - self._origin if self._origin is not None else None
+
         def describe(self) -> dict:
             return {**super().describe(), "trace_W": [list(point) for point in self.trace_points],
-                    "trace_origin_unix_s": self.trace_origin_unix_s}
+                    "trace_origin_unix_s": self.trace_origin_unix_s,
+                    "trace_time_at_start_s": self.trace_time_at_start_s}
 
     sensors = []
     for key, name, scope in (("device_W", "simulated_device", "device"), ("host_W", "simulated_host", "host")):
@@ -179,6 +190,16 @@ def simulated_sensors(spec: dict) -> list:
             sensor.trace_points = spec[key]
             sensors.append(sensor)
     return sensors
+
+
+def start_meter(meter, sensors: list) -> None:
+    """Start ``meter`` and tell each simulated sensor of ``sensors`` when the measurement started (the run's
+    first boundary, on the sampler's clock, which the simulated sensors read too)."""
+    meter.start()
+    start = meter.timeline.fit_start
+    for sensor in sensors:
+        if hasattr(sensor, "measurement_started"):
+            sensor.measurement_started(start.t)
 
 
 def auto_sensors(gpus: list[int] | None, watch) -> tuple[list, list[str]]:
@@ -522,6 +543,7 @@ def run(args: argparse.Namespace) -> int:
                             write_trace=True, verbose=False, collective=SINGLE_PROCESS)
         if process is None:
             try:
+                start_meter(meter, sensors)  # supervise's own start is then a no-op
                 outcome, actions, pid = supervise(argv, meter, gate, watch, markers=not args.no_markers)
             finally:
                 report = meter.stop()
@@ -530,7 +552,7 @@ def run(args: argparse.Namespace) -> int:
                        "signals_received": outcome.received}
         else:
             outcome, actions = Outcome(), MarkerActions(meter)
-            meter.start()
+            start_meter(meter, sensors)
             print(f"lightning-energy monitor: measuring PID {process.pid} until it exits (Ctrl-C to stop)",
                   file=sys.stderr, flush=True)
             try:

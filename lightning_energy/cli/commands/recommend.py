@@ -46,6 +46,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from lightning_energy.cli.commands import CommandError
+    from lightning_energy.extras import check_installed
     from lightning_energy.optimize.recommend import DEFAULT_BETA, DEFAULT_REPEATS, parse_target, select_levers
     from lightning_energy.optimize.recommend_config import DEFAULT_CLI, ConfigError, has_compile, load_configs, set_path
 
@@ -79,6 +80,9 @@ def run(args) -> int:
         levers = select_levers(levers, args.levers.split(",") if args.levers else None)
     except ValueError as err:
         raise CommandError(str(err)) from None
+    if not args.dry_run:  # before anything is printed: what the runs will need
+        check_installed(["jsonargparse", *(["zeus"] if limits else [])],
+                        "its runs (LightningCLI fits; --power-limits: Zeus)")
     alternatives = sum(len(lever.alternatives) for lever in levers)
     most = screen * (1 + alternatives) + repeats * (3 + len(levers)) - 2 * screen
     print(f"target {target}; device {device}; {len(levers)} levers, {alternatives} alternatives; "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lightning_energy.cli.commands.common import load_runs_or_fail, table
+from lightning_energy.cli.commands.common import check_plotting, load_runs_or_fail, table
 from lightning_energy.provenance import tagged
 
 HELP = "energy report of one run from its trace: totals per sensor, per-epoch table, PNG plots"
@@ -69,6 +69,7 @@ def format_report(report: dict) -> str:
 def run(args) -> int:
     from lightning_energy.analysis import plots
 
+    check_plotting(args)
     (loaded,) = load_runs_or_fail([args.run_dir])
     report = build(loaded)
     out = args.out if args.out is not None else args.run_dir / OUT_DEFAULT

@@ -28,12 +28,15 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from lightning_energy.optimize.power_limit import gpu_control
     from lightning_energy.cli.commands import CommandError
+    from lightning_energy.extras import check_installed
 
     directory = args.state_dir if args.state_dir is not None else gpu_control.state_dir()
     paths = gpu_control.list_markers(directory)
     if not paths:
         print(f"no power-limit markers in {directory}: nothing to restore")
         return 0
+    if not args.list:  # before anything is printed
+        check_installed("zeus", "restoring a card (Zeus sets the limits back)")
     markers, problems = [], []
     for path in paths:
         try:

@@ -3,9 +3,11 @@
 **TDP.** Given by the user; else CodeCarbon's table of CPU models (``cpu_power.csv``, matched by
 CodeCarbon's own fuzzy rule, ``codecarbon.core.cpu.TDP``); else, for a model the table does not know,
 CodeCarbon's per-thread rule: ``DEFAULT_POWER_PER_CORE`` (4 W) x the logical CPUs (``count_cpus``, which
-also honours a SLURM allocation). A 2-vCPU VM then gets 8 W, not a desktop part's 85 W. CodeCarbon is
-imported lazily, once per CPU model (its import pulls pandas, and amdsmi prints to stdout without ROCm:
-kept off stdout); without it the per-thread rule stands on its own.
+also honours a SLURM allocation). A 2-vCPU VM then gets 8 W, not a desktop part's 85 W. CodeCarbon (the
+``carbon`` extra) is imported lazily and quietly, once (its import pulls pandas; amdsmi prints and CodeCarbon
+warns about AMD GPUs where there are none: :func:`lightning_energy.extras.quiet_import`). Without it the
+estimate still works: 4 W per logical CPU (``os.cpu_count``), and the TDP's source says that CodeCarbon is
+not installed and which extra brings its table.
 
 **Load** (``tracking_mode``, as CodeCarbon's):
 
@@ -23,14 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import logging
 import os
 import platform
 import time
 from pathlib import Path
 from typing import Callable
 
+from lightning_energy.extras import install_command, is_installed, quiet_import
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.zeus_codecarbon_internals import codecarbon_cpu_matcher
 
@@ -40,6 +41,9 @@ LOAD_EXPONENT = 3  # CodeCarbon's cubic load curve (machine mode)
 LOAD_READ_INTERVAL_S = 0.1
 PROC_STAT = "/proc/stat"
 WATTS_PER_THREAD = 4.0  # CodeCarbon's DEFAULT_POWER_PER_CORE, used when codecarbon cannot be imported
+#: the TDP's source without CodeCarbon (its CPU table and per-thread figure come with the ``carbon`` extra)
+NO_CODECARBON_RULE = ("{threads} logical CPUs x {per_thread:g} W (CodeCarbon not installed, so no CPU table: "
+                      f"{install_command('carbon')})")
 TRACKING_MODES = ("process", "machine")
 
 LoadReader = Callable[[], float]  # the load in [0, 1] since its previous call
@@ -123,7 +127,9 @@ def cpu_tdp_w(model: str, threads: int) -> tuple[float, str]:
     known = lookup_tdp_w(model)
     if known is not None:
         return known
-    per_thread = _codecarbon_cpu()[2]
+    table, _, per_thread = _codecarbon_cpu()
+    if table is None:
+        return threads * per_thread, NO_CODECARBON_RULE.format(threads=threads, per_thread=per_thread)
     rule = f"CodeCarbon's per-thread rule ({threads} threads x {per_thread:g} W: a CPU model not in its table)"
     return threads * per_thread, rule
 
@@ -150,8 +156,10 @@ def _lookup_tdp_w(model: str) -> tuple[float, str] | None:
 @functools.lru_cache(maxsize=1)
 def _codecarbon_cpu():
     """(CPU power table, CodeCarbon's matching function, W per thread); (None, None, 4.0) without CodeCarbon."""
+    if not is_installed("codecarbon"):
+        return None, None, WATTS_PER_THREAD
     try:
-        with contextlib.redirect_stdout(io.StringIO()), _codecarbon_logs_quiet():  # amdsmi prints without ROCm
+        with quiet_import():
             from codecarbon.core.cpu import DEFAULT_POWER_PER_CORE, TDP
             from codecarbon.input import DataSource
 
@@ -162,26 +170,17 @@ def _codecarbon_cpu():
     return table, matcher, float(DEFAULT_POWER_PER_CORE)
 
 
-@contextlib.contextmanager
-def _codecarbon_logs_quiet():
-    logger = logging.getLogger("codecarbon")
-    level = logger.level
-    logger.setLevel(max(level, logging.ERROR))
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def logical_cpus() -> int:
     """Logical CPUs as CodeCarbon counts them (a SLURM job's allocation where there is one)."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), _codecarbon_logs_quiet():
-            from codecarbon.core.util import count_cpus
+    count = None
+    if is_installed("codecarbon"):
+        try:
+            with quiet_import():
+                from codecarbon.core.util import count_cpus
 
-            count = count_cpus()
-    except Exception:  # codecarbon missing, or scontrol failing: the machine's own count
-        count = None
+                count = count_cpus()
+        except Exception:  # scontrol failing, a broken install: the machine's own count
+            count = None
     return int(count) if count else (os.cpu_count() or 1)
 
 

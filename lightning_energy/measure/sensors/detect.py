@@ -155,8 +155,10 @@ def duplicate_device_sensors(per_rank: list[list[dict]]) -> set[tuple[int, str]]
 def zeus_sensors(cuda_index: int | None, read_host: bool, pynvml_module=None):
     """Sensors and the backend object for ``backend="zeus"``; raises if Zeus finds nothing to read, or if the
     CUDA device cannot be told for certain (the same CUDA -> NVML mapping as ``backend="auto"``)."""
+    from lightning_energy.extras import check_installed
     from lightning_energy.measure.sensors.zeus import ZeusBackend
 
+    check_installed("zeus", "backend='zeus'")  # a missing extra, not a GPU that cannot be told
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Zeus warns about every absent vendor library

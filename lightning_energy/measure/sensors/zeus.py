@@ -17,22 +17,21 @@ ordinals in NVML's order whatever ``CUDA_DEVICE_ORDER`` says.
 
 from __future__ import annotations
 
-import contextlib
-import io
 from unittest import mock
 
+from lightning_energy.extras import check_installed, require
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.sensors.nvml import nvml_gpu_of_cuda_device
 from lightning_energy.measure.sensors.nvml_families import NVML_COUNTER_UPDATE_PERIOD_S
 from lightning_energy.units import J_PER_MJ, W_PER_MW
 
 ZEUS_EPOCH_WINDOW = "lightning_energy_epoch"
+ZEUS_FEATURE = "backend='zeus'"  # what needs Zeus here, as the user asked for it
 
 
 def _import_zeus_monitor():
-    with contextlib.redirect_stdout(io.StringIO()):  # amdsmi prints to stdout without ROCm
-        from zeus.monitor import ZeusMonitor
-    return ZeusMonitor
+    """Zeus's ``ZeusMonitor``, imported quietly (amdsmi prints to stdout without ROCm); the ``zeus`` extra."""
+    return require("zeus.monitor", ZEUS_FEATURE).ZeusMonitor
 
 
 def _zeus_gpus(nvml_indices: list[int]):
@@ -78,6 +77,7 @@ class ZeusBackend:
         self.nvml_index: int | None = None
         self.device_uuid: str | None = None
         if monitor is None:
+            check_installed("zeus", ZEUS_FEATURE)
             if cuda_index is not None:
                 gpu = nvml_gpu_of_cuda_device(cuda_index, pynvml_module)
                 self.nvml_index, self.device_uuid = gpu.nvml_index, gpu.uuid

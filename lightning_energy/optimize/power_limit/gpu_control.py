@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lightning_energy.extras import check_installed
 from lightning_energy.io import atomic_write_json
 from lightning_energy.measure.zeus_codecarbon_internals import quiet_zeusd_gpu
 from lightning_energy.units import MW_PER_W
@@ -50,6 +51,7 @@ from lightning_energy.units import MW_PER_W
 MARKER_FORMAT = "lightning-energy power-limit marker 1"
 STATE_DIR_ENV = "LIGHTNING_ENERGY_STATE_DIR"
 MARKER_MAX_BYTES = 64 * 1024
+ZEUS_FEATURE = "setting GPU power limits (Zeus's device layer)"  # what needs the zeus extra here
 PERMISSION_FIXES = (
     "Fixes: (1) run the Zeus daemon (zeusd) and export ZEUSD_SOCK_PATH=<its socket>, "
     "see https://ml.energy/zeus/getting_started/#system-privileges; (2) give the process the SYS_ADMIN "
@@ -84,6 +86,7 @@ def open_gpu(cuda_index: int):
 def open_nvml_gpu(nvml_index: int, what: str | None = None):
     """Zeus's ``GPU`` object for NVML GPU ``nvml_index`` (``ZeusdNVIDIAGPU`` with ``ZEUSD_SOCK_PATH``)."""
     label = f"NVML GPU {nvml_index}" + (f" ({what})" if what else "")
+    check_installed("zeus", ZEUS_FEATURE)
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # zeus pulls amdsmi, which prints without ROCm
             import pynvml
@@ -155,6 +158,7 @@ def permission_problem(gpu) -> str | None:
     flag = getattr(gpu, "can_set_limits", None)
     if flag is not None:
         return None if flag else "the simulated GPU was created with can_set_limits=False"
+    check_installed("zeus", ZEUS_FEATURE)
     with contextlib.redirect_stdout(io.StringIO()):
         from zeus.device.common import has_sys_admin
         from zeus.device.gpu.nvidia import ZeusdNVIDIAGPU

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lightning_energy.extras import check_installed
 from lightning_energy.fitting import QUADRATIC_PARAMETERS, quadratic_fit
 from lightning_energy.io import atomic_write_bytes, atomic_write_json
 from lightning_energy.measure.zeus_codecarbon_internals import zeus_profile_list_model
@@ -136,6 +137,7 @@ def profile_figure(profiles: list[LimitProfile], objective: Objective, chosen_W:
     """A matplotlib Figure: energy, time and cost per step vs power limit (profiled points; repeated windows
     as small marks), and a quadratic fit with its R² only where spare points test it (no vertex drawn); each
     panel's legend sits below it, covering no data. ``simulated``: every panel says "simulated GPU"."""
+    check_installed("matplotlib", "the power-limit profile plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
