@@ -37,14 +37,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from lightning_energy.core.collective import Collective, torch_distributed
-from lightning_energy.extras import check_installed
 from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures, window_bounds
 from lightning_energy.core.recorder import RunRecorder, trace_suffix
-from lightning_energy.core.run import Attachment, RunSession, sensors_for_rank
+from lightning_energy.core.run import Attachment, RunSession, checked_interval, checked_sensors, sensors_for_rank
 from lightning_energy.measure.meter import Mark, measure
-from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, get_sampler
-from lightning_energy.measure.sensors.base import Sensor, validate_sensors
-from lightning_energy.measure.sensors.detect import BACKENDS
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, get_sampler
+from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.provenance import combine
 
 DEFAULT_LOG_DIR = "energy_logs"
@@ -91,17 +89,9 @@ class EnergyMeter:
                  backend: str = "auto", interval_s: float = DEFAULT_INTERVAL_S, device: Any = None,
                  write_trace: bool = True, verbose: bool = True, cuda_events: bool = True,
                  collective: Collective | None = None, telemetry: bool = False) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if sensors is not None and backend != "auto":
-            raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
-        if backend == "zeus":
-            check_installed("zeus", "backend='zeus'")
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+        self.user_sensors = checked_sensors(sensors, backend)
+        self.backend, self.interval_s = backend, checked_interval(interval_s)
         self.log_dir = Path(log_dir)
-        self.user_sensors = None if sensors is None else validate_sensors(sensors)
-        self.backend, self.interval_s = backend, float(interval_s)
         self.device, self.cuda_events = device, cuda_events
         self.write_trace, self.verbose, self.telemetry = write_trace, verbose, telemetry
         self._log = _metrics_logger(writer)

@@ -17,9 +17,29 @@ from lightning_energy.core.collective import SINGLE_PROCESS, Collective
 from lightning_energy.core.published import Published
 from lightning_energy.core.timeline import Timeline
 from lightning_energy.measure.meter import Meter
-from lightning_energy.measure.sampler import Sampler
-from lightning_energy.measure.sensors.base import Sensor
-from lightning_energy.measure.sensors.detect import default_sensors, zeus_sensors
+from lightning_energy.extras import check_installed
+from lightning_energy.measure.sampler import MIN_INTERVAL_S, Sampler
+from lightning_energy.measure.sensors.base import Sensor, validate_sensors
+from lightning_energy.measure.sensors.detect import BACKENDS, default_sensors, zeus_sensors
+
+
+def checked_sensors(sensors, backend: str = "auto") -> list[Sensor] | None:
+    """The ``sensors`` and ``backend`` arguments every front end takes, checked before anything runs: ``sensors``
+    validated (None: auto-detected by ``backend``, ``"auto"`` or ``"zeus"``, which needs the zeus extra)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
+    if sensors is not None and backend != "auto":
+        raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
+    if backend == "zeus":
+        check_installed("zeus", "backend='zeus'")
+    return None if sensors is None else validate_sensors(sensors)
+
+
+def checked_interval(interval_s) -> float:
+    """The sampling interval every front end takes (s, at least ``MIN_INTERVAL_S``)."""
+    if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
+        raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
+    return float(interval_s)
 
 
 def sensors_for_rank(cuda_index: int | None, read_host: bool, sensors: list[Sensor] | None = None,

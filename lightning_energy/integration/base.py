@@ -20,12 +20,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from typing_extensions import override
 
-from lightning_energy.extras import check_installed
+from lightning_energy.core.run import checked_interval, checked_sensors
 from lightning_energy.integration import session as sessions
 from lightning_energy.integration.lightning_internals import summary_file_writer, tensorboard_tag_prefix
-from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, MIN_INTERVAL_S
-from lightning_energy.measure.sensors.base import Sensor, validate_sensors
-from lightning_energy.measure.sensors.detect import BACKENDS
+from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
+from lightning_energy.measure.sensors.base import Sensor
 
 
 def _report(boundary: Callable) -> Callable:
@@ -170,19 +169,11 @@ class MeteredCallback(Callback):
 
     @staticmethod
     def check_sensors(sensors, backend: str = "auto") -> list[Sensor] | None:
-        if backend not in BACKENDS:
-            raise ValueError(f"`backend` must be one of {BACKENDS}, got {backend!r}")
-        if sensors is not None and backend != "auto":
-            raise ValueError("`backend` selects auto-detected sensors; give either `sensors` or `backend`, not both")
-        if backend == "zeus":
-            check_installed("zeus", "backend='zeus'")
-        return None if sensors is None else validate_sensors(sensors)
+        return checked_sensors(sensors, backend)
 
     @staticmethod
     def check_interval(interval_s) -> float:
-        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= MIN_INTERVAL_S:
-            raise ValueError(f"`interval_s` must be a number >= {MIN_INTERVAL_S} s, got {interval_s!r}")
-        return float(interval_s)
+        return checked_interval(interval_s)
 
     @staticmethod
     def check_flags(**flags: Any) -> None:
