@@ -13,6 +13,17 @@
     baler-lit compress-many --ckpt best.ckpt --inputs a.npz b.npz ... --output-dir out/ [--devices 2]
     baler-lit configs      [NAME]
 
+and Baler's other modes::
+
+    baler-lit new-project WORKSPACE PROJECT [--root workspaces]      # Baler's newProject
+    baler-lit convert-config workspaces/W/P/config/P_config.py --output P.yaml   # a Baler config → fit YAML
+    baler-lit blocks --input data.npz --shape 10 25 --output blocks.npz        # Baler's convert_to_blocks
+    baler-lit convert-with-hls4ml --ckpt best.ckpt --output-dir hls/ [--compile] [--build synth]
+
+``--max-relative-error`` takes a fraction (0.1) or a percentage (``10%``, Baler's ``error_bounded_requirement``);
+a bare number above 1 is refused with the fix. ``compress --extra-compression`` deflates the file (Baler's
+``extra_compression``).
+
 A ``--config`` value that is not a file but the name of a shipped config (``cms_ae``; ``baler-lit configs``
 lists them) reads that config (:mod:`baler_lit.shipped_configs`), so the configs work from any folder and from
 an installed wheel.
@@ -43,7 +54,8 @@ from typing import Any, NoReturn
 from .checkpoint import TrainedModel, adopt_training_dtypes, first_line, load_checkpoint
 from .errors import BalerInputError
 
-TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many", "configs")
+TOOLS = ("compress", "decompress", "evaluate", "diagnose", "info", "compress-many", "configs", "new-project",
+         "convert-config", "blocks", "convert-with-hls4ml")
 #: LightningCLI's subcommands (``baler-lit fit --help`` and the like list their options: that help needs Lightning)
 TRAINING_COMMANDS = {
     "fit": "train a model (LightningCLI; e.g. baler-lit fit --config cms_ae)",
@@ -60,6 +72,27 @@ class _OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def relative_error(text: str) -> float:
+    """``--max-relative-error``: a fraction (``0.1``) or a percentage (``10%``); a bare number above 1 is refused:
+    Baler's ``error_bounded_requirement = 10`` means 10 %, and 10 as a fraction would allow 1000 %."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw.removesuffix("%").strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a fraction (0.1) or a percentage (10%)")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    if percent:
+        return value / 100
+    if value > 1:
+        raise argparse.ArgumentTypeError(
+            f"{raw} is a fraction above 1 (a {100 * value:g} % bound); for {value:g} % write {value:g}% or"
+            f" {value / 100:g}"
+        )
+    return value
 
 
 def _add_root_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -91,10 +124,13 @@ def _tool_parser() -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     c.add_argument("--strict", action="store_true",
                    help="refuse input outside the checkpoint's normalisation range instead of warning")
-    c.add_argument("--max-relative-error", type=float, default=None, metavar="FRACTION",
-                   help="guarantee |restored - original| <= FRACTION x |original| for every value (0.1 = 10 %%;"
-                   " Baler's error_bounded_requirement is in percent): values the network misses are stored"
-                   " exactly in the file")
+    c.add_argument("--max-relative-error", type=relative_error, default=None, metavar="FRACTION",
+                   help="guarantee |restored - original| <= FRACTION x |original| for every value: 0.1 or 10%% (Baler's"
+                   " error_bounded_requirement is in percent; a bare number above 1 is refused): values the network"
+                   " misses are stored exactly in the file")
+    c.add_argument("--extra-compression", action="store_true",
+                   help="deflate the file's entries (Baler's extra_compression): smaller when the latent codes"
+                   " repeat, slower to write")
     c.add_argument("--max-absolute-error", type=float, default=None, metavar="VALUE",
                    help="guarantee |restored - original| <= VALUE (the column's units) for every value; with"
                    " --max-relative-error the larger of the two limits applies")
@@ -121,7 +157,8 @@ def _tool_parser() -> argparse.ArgumentParser:
     m.add_argument("--inputs", required=True, nargs="+", help="data files (.npz, .npy or .root); one .baler each")
     m.add_argument("--output-dir", required=True, help="folder for <input stem>.baler and manifest.json")
     m.add_argument("--latent-dtype", default="float16", choices=["float64", "float32", "float16", "bfloat16"])
-    m.add_argument("--max-relative-error", type=float, default=None, metavar="FRACTION", help="as for compress")
+    m.add_argument("--max-relative-error", type=relative_error, default=None, metavar="FRACTION",
+                   help="as for compress (0.1 or 10%%)")
     m.add_argument("--max-absolute-error", type=float, default=None, metavar="VALUE", help="as for compress")
     m.add_argument("--devices", type=int, default=1, help="ranks per node (processes on CPU, GPUs otherwise)")
     m.add_argument("--num-nodes", type=int, default=1, help="nodes")
@@ -145,6 +182,44 @@ def _tool_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("configs", help="list the shipped configs (fit --config NAME reads them from any folder)")
     s.add_argument("name", nargs="?", default=None, help="print this shipped config's file path instead")
+
+    n = sub.add_parser("new-project", help="Baler's newProject: a workspace and project with a config template")
+    n.add_argument("workspace", help="workspace name (a folder below --root)")
+    n.add_argument("project", help="project name (a folder below the workspace)")
+    n.add_argument("--root", default="workspaces", help="folder holding the workspaces (default: workspaces, as Baler)")
+
+    v = sub.add_parser("convert-config", help="a Baler config (config/*_config.py) → a YAML for baler-lit fit --config")
+    v.add_argument("baler_config", help="the Baler config file; parsed, never run")
+    v.add_argument("--output", required=True, help="YAML file to write")
+    v.add_argument("--root", default=None,
+                   help="folder Baler's relative paths start from (default: the folder above workspaces/)")
+    v.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+
+    b = sub.add_parser("blocks", help="Baler's convert_to_blocks: the same values as samples of another shape")
+    b.add_argument("--input", required=True, help="data file (.npz or .npy)")
+    b.add_argument("--output", required=True, help="reshaped data to write (.npz)")
+    b.add_argument("--shape", type=int, nargs="+", default=None, metavar="SIZE",
+                   help="sample shape: H W for frames (Baler's convert_to_blocks [_, H, W]) or N for table rows")
+    b.add_argument("--like", default=None, help="take the sample shape, names and dtypes of this file (to go back)")
+    b.add_argument("--npz-key", default="data", help="array name of the data in an .npz file")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+
+    h = sub.add_parser("convert-with-hls4ml", help="Baler's convert_with_hls4ml: a trained model as an hls4ml project")
+    h.add_argument("--ckpt", required=True, help="Lightning checkpoint of a BalerModule")
+    h.add_argument("--output-dir", required=True, help="folder for the HLS project (Baler's OutputDir)")
+    h.add_argument("--which", default="model", choices=["model", "encoder", "decoder"], help="what to convert")
+    h.add_argument("--precision", default="ap_fixed<16,8>", help="default_precision (default ap_fixed<16,8>)")
+    h.add_argument("--reuse-factor", type=int, default=1, help="default_reuse_factor (default 1)")
+    h.add_argument("--strategy", default="latency", help="Strategy: latency or resource")
+    h.add_argument("--fpga-part", default="xcvu9p-flga2104-2L-e", help="Part (default xcvu9p-flga2104-2L-e)")
+    h.add_argument("--clock-period", type=float, default=5.0, help="ClockPeriod in ns (default 5)")
+    h.add_argument("--io-type", default="io_parallel", help="IOType: io_parallel or io_stream")
+    h.add_argument("--project-name", default="baler_model", help="ProjectName")
+    h.add_argument("--compile", action="store_true",
+                   help="compile the C simulation (g++) and compare its outputs with the model's")
+    h.add_argument("--build", nargs="+", default=[], choices=["csim", "synth", "cosim", "export"],
+                   help="run these steps of the HLS build (needs vivado_hls or vitis_hls on PATH)")
+    h.add_argument("--overwrite", action="store_true", help="write into a non-empty output folder")
     return parser
 
 
@@ -173,7 +248,7 @@ def _compress(args: argparse.Namespace) -> str:
     bound = _error_bound(args)
     result = compress(
         module.model, module.normalizer, table, args.output, args.latent_dtype, dict(module.hparams), args.overwrite,
-        strict=args.strict, error_bound=bound,
+        strict=args.strict, error_bound=bound, extra_compression=args.extra_compression,
     )
     for line in result.warnings:
         print(f"baler-lit compress: warning: {line}", file=sys.stderr)
@@ -277,12 +352,45 @@ def _configs(args: argparse.Namespace) -> str:
     return list_configs(args.name)
 
 
+def _new_project(args: argparse.Namespace) -> str:
+    from .project import describe, new_project
+
+    return describe(*new_project(args.workspace, args.project, args.root))
+
+
+def _convert_config(args: argparse.Namespace) -> str:
+    from .convert_config import convert_to_file
+
+    converted = convert_to_file(args.baler_config, args.output, args.overwrite, args.root)
+    lines = [f"wrote {args.output}: baler-lit fit --config {args.output}", *(f"then: {c}" for c in converted.commands)]
+    if converted.unknown:
+        lines.append("left out (not Baler fields baler-lit knows): " + ", ".join(converted.unknown))
+    return "\n".join(lines)
+
+
+def _blocks(args: argparse.Namespace) -> str:
+    from .blocks import describe, reshape_file
+
+    before, after = reshape_file(args.input, args.output, args.shape, args.like, args.overwrite, args.npz_key)
+    return describe(before, after, args.output)
+
+
+def _convert_with_hls4ml(args: argparse.Namespace) -> str:
+    from .hls4ml_export import HlsSettings, convert
+
+    settings = HlsSettings(args.precision, args.reuse_factor, args.strategy, args.fpga_part, args.clock_period,
+                           args.io_type, args.project_name)  # fmt: skip
+    return convert(args.ckpt, args.output_dir, settings, args.which, args.compile, args.build, args.overwrite)
+
+
 def run_tool(argv: Sequence[str]) -> int:
     """Run a file tool (``compress``, ``decompress``, ``evaluate``, ``diagnose``, ``info``, ``compress-many``) or
     ``configs``, or print the top-level help (an empty ``argv`` or ``--help``); return the exit code."""
     args = _tool_parser().parse_args(list(argv))
     action = {"compress": _compress, "decompress": _decompress, "evaluate": _evaluate, "diagnose": _diagnose,
-              "info": _info, "compress-many": _compress_many, "configs": _configs}[args.command]  # fmt: skip
+              "info": _info, "compress-many": _compress_many, "configs": _configs, "new-project": _new_project,
+              "convert-config": _convert_config, "blocks": _blocks,
+              "convert-with-hls4ml": _convert_with_hls4ml}[args.command]  # fmt: skip
     try:
         message = action(args)
     except (BalerInputError, OSError) as exc:  # OSError: a file system refusing what the user asked for
@@ -440,8 +548,9 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             args=None if argv is None else list(argv),
             parser_kwargs={
                 "description": "Baler autoencoder compression with PyTorch Lightning. Also: baler-lit compress|"
-                "decompress|evaluate|diagnose|info|compress-many|configs --help. --config takes a file or the name"
-                " of a shipped config (baler-lit configs lists them)."
+                "decompress|evaluate|diagnose|info|compress-many|configs|new-project|convert-config|blocks|"
+                "convert-with-hls4ml --help. --config takes a file or the name of a shipped config (baler-lit"
+                " configs lists them)."
             },
         )
     except (BalerInputError, MisconfigurationException) as exc:  # a setting that cannot work: the user's to fix

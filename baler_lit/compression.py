@@ -1,6 +1,7 @@
 """The ``.baler`` compressed file: everything decompression needs, in one self-contained file.
 
-Layout: an uncompressed (stored) zip archive with
+Layout: a zip archive, its entries stored (or all deflated with ``extra_compression``, Baler's option of that
+name), with
 
 - ``header.json``: magic, format and library versions, the model description (name, input shape, latent
   size, dtype, extra arguments), the training configuration, the column names and original dtypes, the row
@@ -232,6 +233,7 @@ def compress(
     overwrite: bool = False,
     strict: bool = False,
     error_bound: ErrorBound | None = None,
+    extra_compression: bool = False,
 ) -> CompressionResult:
     """Encode ``table`` with ``model`` and write a self-contained ``.baler`` file to ``output``.
 
@@ -256,6 +258,8 @@ def compress(
         config: training configuration to record in the header (JSON types).
         strict: refuse input outside the normalisation range instead of warning.
         error_bound: largest error allowed for every restored value (``None``: no guarantee).
+        extra_compression: deflate every entry of the archive (Baler's ``extra_compression``; the reader bounds
+            the inflated sizes before inflating, see :mod:`baler_lit.file_format`); otherwise entries are stored.
     """
     start_time = time.perf_counter()
     rows = as_row_source(table)
@@ -272,8 +276,9 @@ def compress(
         )
     out = prepare_output(output, overwrite)
     scan = _scan(rows)
-    warnings = _range_warnings((scan.low - normalizer.minimum) / normalizer.scale,
-                               (scan.high - normalizer.minimum) / normalizer.scale, rows, strict)  # fmt: skip
+    warnings = [] if normalizer.is_identity else _range_warnings(  # raw values (apply_normalization False) have no
+        (scan.low - normalizer.minimum) / normalizer.scale,    # training range to leave
+        (scan.high - normalizer.minimum) / normalizer.scale, rows, strict)  # fmt: skip
     if rows.is_frames:
         data_min, data_max = np.array([scan.low.min()]), np.array([scan.high.max()])
     else:
@@ -347,7 +352,8 @@ def compress(
         }
         header["checksum_sha256"] = _spilled_checksum(header, arrays, spilled)
         with atomic_output(out, overwrite) as fh_out:
-            with zipfile.ZipFile(fh_out, "w", compression=zipfile.ZIP_STORED) as zf:
+            method = zipfile.ZIP_DEFLATED if extra_compression else zipfile.ZIP_STORED
+            with zipfile.ZipFile(fh_out, "w", compression=method) as zf:
                 zf.writestr(HEADER, json.dumps(header, indent=1))
                 for name, arr in arrays.items():
                     with zf.open(array_entry(name), "w", force_zip64=arr.nbytes > 2**31) as fh:

@@ -110,6 +110,8 @@ class BalerDataModule(L.LightningDataModule):
             docstring); needs random access: ``.npy``, an uncompressed (``np.savez``) ``.npz`` or ROOT.
         chunk_rows, window_chunks: rows per chunk read and chunks per shuffling window when streaming (at most
             ``chunk_rows × window_chunks`` input rows in memory at once).
+        apply_normalization: Baler's ``apply_normalization``; ``False`` trains on the raw values (an identity
+            normalisation, stored in the checkpoint and the ``.baler`` file like any other).
 
     ``test`` and ``predict`` run over the whole table in file order (the rows a compression covers).
     """
@@ -132,6 +134,7 @@ class BalerDataModule(L.LightningDataModule):
         streaming: bool = False,
         chunk_rows: int = CHUNK_ROWS,
         window_chunks: int = WINDOW_CHUNKS,
+        apply_normalization: bool = True,
     ) -> None:
         super().__init__()
         check_stream_settings(batch_size, chunk_rows, window_chunks)
@@ -153,6 +156,7 @@ class BalerDataModule(L.LightningDataModule):
         self.streaming = bool(streaming)
         self.chunk_rows = int(chunk_rows)
         self.window_chunks = int(window_chunks)
+        self.apply_normalization = bool(apply_normalization)
         self._rows: RowSource | None = None
         self._table: Table | None = None
         self._normalizer: MinMaxNormalizer | None = None
@@ -198,7 +202,10 @@ class BalerDataModule(L.LightningDataModule):
 
     @property
     def normalizer(self) -> MinMaxNormalizer:
-        """Min-max normaliser fitted on the whole input (streaming: one scanning pass, one chunk in memory)."""
+        """Min-max normaliser fitted on the whole input (streaming: one scanning pass, one chunk in memory); the
+        identity with ``apply_normalization=False``."""
+        if self._normalizer is None and not self.apply_normalization:
+            self._normalizer = MinMaxNormalizer.identity()
         if self._normalizer is None:
             rows = self.rows
             per_column = (not rows.is_frames) if self.per_column is None else self.per_column

@@ -9,7 +9,11 @@ For each column (frames are treated as one column of pixel values):
 - response, the error relative to each value ``(restored − original) / original`` over the entries with
   ``original ≠ 0``: mean, std, mean |·| and median |·| (dimensionless; it explodes where values sit near zero
   compared with their range, so a median |response| above 1 flags such a column, not necessarily a bad fit);
-- for integer columns, the fraction restored exactly.
+- for integer columns, the fraction restored exactly;
+- the earth mover's distance (1-D Wasserstein-1) between the column's original and restored distributions of
+  values, ``emd`` in the column's units and ``norm_emd = emd / range`` (``mean_norm_emd``: its mean over columns):
+  how far the restored histogram is from the original's, whatever the row order (:func:`earth_movers_distance`).
+  Baler configures ``emd`` but never reads it; its unused ``mse_loss_emd_l1`` compares each row's values instead.
 
 :func:`format_summary` prints every column's figures, then the worst columns by ``norm_rms`` and every
 column whose median |response| exceeds :data:`RESPONSE_FLAG`, so the mean over columns hides none of them.
@@ -73,6 +77,19 @@ def check_comparable(original: Table | RowSource, restored: Table | RowSource) -
         )
 
 
+def earth_movers_distance(u: np.ndarray, v: np.ndarray) -> float:
+    """Wasserstein-1 distance between the empirical distributions of the 1-D samples ``u`` and ``v`` (each value
+    weighted 1/len), in their units: ``∫ |F_u(t) − F_v(t)| dt`` over the two step CDFs, exact, O(n log n)."""
+    u, v = np.sort(np.asarray(u, dtype=np.float64).ravel()), np.sort(np.asarray(v, dtype=np.float64).ravel())
+    if not len(u) or not len(v):
+        raise BalerInputError("the earth mover's distance needs two non-empty samples")
+    points = np.sort(np.concatenate([u, v]))
+    widths = np.diff(points)
+    cdf_u = np.searchsorted(u, points[:-1], side="right") / len(u)
+    cdf_v = np.searchsorted(v, points[:-1], side="right") / len(v)
+    return float(np.sum(np.abs(cdf_u - cdf_v) * widths))
+
+
 def column_summaries(original: Table, restored: Table) -> list[dict[str, Any]]:
     """Per-column residual and relative-error statistics (see the module docstring for units)."""
     check_comparable(original, restored)
@@ -105,6 +122,9 @@ def column_summaries(original: Table, restored: Table) -> list[dict[str, Any]]:
             "response_mean_abs": float(np.abs(rj).mean()) if rj.size else None,
             "response_median_abs": float(np.median(np.abs(rj))) if rj.size else None,
         }
+        emd = earth_movers_distance(x[:, j], y[:, j])
+        row["emd"] = emd
+        row["norm_emd"] = emd / span[j] if span[j] > 0 else emd
         if integer[j]:
             row["exact_fraction"] = float(np.mean(resid[:, j] == 0))
         out.append(row)
@@ -443,6 +463,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("errors relative to each column's range (max - min of the original): rms/range, med|r|/range, "
                  "max|r|/range; med|r/x|: median |restored - original| / |original| over nonzero originals")
     lines.append(f"mean normalised RMS error (rms/range, mean over columns): {summary['mean_norm_rms']:.5f}")
+    if summary.get("mean_norm_emd") is not None:
+        lines.append(f"earth mover's distance between original and restored values (emd/range, mean over columns):"
+                     f" {summary['mean_norm_emd']:.5f}")
     worst = worst_columns(summary)
     if worst:
         lines.append("worst columns by rms/range: " + ", ".join(f"{c['column']} {c['norm_rms']:.4f}" for c in worst))
@@ -530,6 +553,7 @@ def evaluate(
         "compression_ratio": None,
         "tradeoff": None,
     }
+    summary["mean_norm_emd"] = float(np.mean([c["norm_emd"] for c in summary["columns"]]))
     if compressed is not None:
         summary["compression_ratio"] = compressed.header["original_bytes"] / compressed.file_bytes
         summary["file_bytes"] = compressed.file_bytes

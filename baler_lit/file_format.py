@@ -1,12 +1,16 @@
 """Reading a ``.baler`` file as untrusted input: every field checked before anything is allocated or used.
 
-A ``.baler`` file is a stored (uncompressed) zip archive of ``header.json`` and one ``arrays/<name>.bin``
+A ``.baler`` file is a zip archive (entries stored, or deflated) of ``header.json`` and one ``arrays/<name>.bin``
 per array (see :mod:`baler_lit.compression` for the layout). Whoever hands us such a file controls every
 byte of it, including the SHA-256 checksum, which anybody can recompute. So the reader trusts nothing:
 
-1. the archive: at most ``MAX_ENTRIES`` entries, no duplicate names, every entry stored (the format never
-   deflates: a compressed entry could expand without bound), unencrypted, and the entries' sizes together
-   at most the file's size;
+1. the archive: at most ``MAX_ENTRIES`` entries, no duplicate names, unencrypted, every entry stored or (a file
+   written with ``extra_compression``) deflated, and the inflated sizes bounded before anything is inflated: a
+   stored entry's size is its size on disk, a deflated entry may declare at most ``MAX_INFLATE_RATIO`` times its
+   deflated size (deflate's own ceiling, so a larger claim is forged), and the entries together at most the
+   file's size (all stored) or ``MAX_INFLATE_RATIO`` times it. Every entry is then read in chunks of at most
+   ``READ_CHUNK`` bytes and never past its declared size (zip's CRC-32 is checked at its end), and every
+   declared size must equal what the header's shapes need;
 2. the header: at most ``MAX_HEADER_BYTES``, then every field's type and range (:func:`check_header`):
    only the native little-endian numeric dtypes the writer uses (:data:`ARRAY_DTYPES`, never object or
    structured dtypes), every shape consistent with the entry's stored byte count and with the other fields
@@ -53,7 +57,10 @@ LATENT_DTYPES: dict[str, tuple[str, np.dtype]] = {
 }
 #: Model names a file may describe: the registry :data:`baler_lit.models.MODELS` (a test keeps the two equal),
 #: written out here so that reading a header needs no torch.
-MODEL_NAMES = ("AE", "AE_Dropout_BN", "CFD_dense_AE", "ConvAE", "PJ_Conv_AE", "TransformerAE")
+MODEL_NAMES = (
+    "AE", "AE_Dropout_BN", "CFD_dense_AE", "ConvAE", "PJ_Conv_AE", "TransformerAE", "Conv_AE", "Conv_AE_GDN", "Conv_AE_3D",
+    "FPGA_prototype_model",
+)  # fmt: skip
 #: The only array dtypes a ``.baler`` file may declare (numpy ``dtype.str``): float latents and weights,
 #: bfloat16 bit patterns (``<u2``) and BatchNorm's step counter (``<i8``). Anything else, an object dtype
 #: ("|O") above all, is refused before an array is allocated.
@@ -79,6 +86,11 @@ MAX_ENTRIES = 1024
 MAX_COUNT = 2**40
 #: Bytes read per step when streaming an array.
 READ_CHUNK = 2**20
+#: Most bytes a deflated entry may inflate to per byte it occupies: deflate's own limit (a 258-byte match coded in
+#: 2 bits, about 1032:1), so a larger declared size cannot be genuine.
+MAX_INFLATE_RATIO = 1032
+#: Zip compression methods an entry may use: stored, or deflated (files written with ``extra_compression``).
+ENTRY_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
 
 
 def canonical_header(header: dict[str, Any]) -> bytes:
@@ -101,7 +113,8 @@ def array_entry(name: str) -> str:
 
 
 def check_archive(zf: zipfile.ZipFile, path: Path, file_bytes: int) -> None:
-    """Entry count, duplicate names, stored entries only, sizes bounded by the file's size."""
+    """Entry count, duplicate names, stored or deflated entries, inflated sizes bounded (see the module docstring)
+    before any entry is read."""
     infos = zf.infolist()
     if len(infos) > MAX_ENTRIES:
         raise BalerInputError(f"{path} has {len(infos)} archive entries (at most {MAX_ENTRIES})")
@@ -109,17 +122,33 @@ def check_archive(zf: zipfile.ZipFile, path: Path, file_bytes: int) -> None:
     if len(set(names)) != len(names):
         raise BalerInputError(f"{path} is corrupted: an archive entry name appears twice")
     total = 0
+    deflated = False
     for info in infos:
-        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        if info.compress_type not in ENTRY_METHODS:
             raise BalerInputError(
-                f"{path} is corrupted: entry {info.filename!r} is compressed; the format stores entries uncompressed"
+                f"{path} is corrupted: entry {info.filename!r} uses zip compression method {info.compress_type};"
+                " the format stores or deflates its entries"
             )
         if info.flag_bits & 0x1:
             raise BalerInputError(f"{path} is corrupted: entry {info.filename!r} is encrypted")
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise BalerInputError(
+                f"{path} is corrupted: stored entry {info.filename!r} declares {info.file_size} bytes but holds"
+                f" {info.compress_size}"
+            )
+        if info.compress_type == zipfile.ZIP_DEFLATED:
+            deflated = True
+            if info.file_size > MAX_INFLATE_RATIO * max(info.compress_size, 1):
+                raise BalerInputError(
+                    f"{path} is corrupted: deflated entry {info.filename!r} declares {info.file_size} bytes from"
+                    f" {info.compress_size}, more than deflate's {MAX_INFLATE_RATIO}:1 allows"
+                )
         total += info.file_size
-    if total > file_bytes:
+    limit = MAX_INFLATE_RATIO * file_bytes if deflated else file_bytes
+    if total > limit:
         raise BalerInputError(
             f"{path} is corrupted: its entries declare {total} bytes, more than the file's {file_bytes} bytes"
+            + (f" allow when inflated ({MAX_INFLATE_RATIO}:1)" if deflated else "")
         )
 
 
@@ -171,9 +200,9 @@ class _Fields:
             raise self.fail(field, f"must be an integer in [{minimum}, 2^40], got {_short(value)}")
         return value
 
-    def shape(self, value: Any, field: str, minimum: int = 1, max_dims: int = 4) -> list[int]:
-        if not isinstance(value, list) or not 1 <= len(value) <= max_dims:
-            raise self.fail(field, f"must be a list of 1 to {max_dims} sizes, got {_short(value)}")
+    def shape(self, value: Any, field: str, minimum: int = 1, max_dims: int = 4, min_dims: int = 1) -> list[int]:
+        if not isinstance(value, list) or not min_dims <= len(value) <= max_dims:
+            raise self.fail(field, f"must be a list of {min_dims} to {max_dims} sizes, got {_short(value)}")
         return [self.count(v, f"{field}[{i}]", minimum) for i, v in enumerate(value)]
 
     def bound(self, value: Any, field: str) -> float | None:
@@ -243,7 +272,8 @@ def check_header(header: dict[str, Any], path: Path, entry_sizes: dict[str, int]
         if name not in FIXED_ARRAYS and name not in optional and not name.startswith("decoder."):
             raise f.fail(field, "is not an array of the format")
         dtype = f.choice(f.get(spec, "dtype", f"{field}.dtype"), f"{field}.dtype", ARRAY_DTYPES)
-        shape = f.shape(f.get(spec, "shape", f"{field}.shape"), f"{field}.shape", minimum=0, max_dims=6)
+        # 0 dimensions: a scalar buffer (BatchNorm's num_batches_tracked in AE_Dropout_BN's and Conv_AE's decoders)
+        shape = f.shape(f.get(spec, "shape", f"{field}.shape"), f"{field}.shape", minimum=0, max_dims=6, min_dims=0)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         if f.get(spec, "nbytes", f"{field}.nbytes") != nbytes:
             raise f.fail(f"{field}.nbytes", f"must be {nbytes} for shape {shape} of {dtype}")

@@ -18,7 +18,7 @@ import numpy as np
 
 from .compressed_file import CompressedFile, read_compressed
 from .error_bound import ErrorBound
-from .file_format import HEADER, check_summary_fields
+from .file_format import HEADER, array_entry, check_summary_fields
 
 #: Columns listed one per line in the text output before the rest are summarised.
 LISTED_COLUMNS = 40
@@ -33,10 +33,10 @@ def file_info(path: str | os.PathLike) -> dict[str, Any]:
     h = compressed.header
     check_summary_fields(h, compressed.path)
     sizes = {"latent": 0, "decoder": 0, "normalisation and ranges": 0, "constant columns": 0, "corrections": 0}
-    for name, spec in h["arrays"].items():
-        sizes[_part(name)] += spec["nbytes"]
-    with zipfile.ZipFile(compressed.path) as zf:
-        sizes["header"] = zf.getinfo(HEADER).file_size
+    with zipfile.ZipFile(compressed.path) as zf:  # bytes on disk (deflated entries with --extra-compression)
+        for name in h["arrays"]:
+            sizes[_part(name)] += zf.getinfo(array_entry(name)).compress_size
+        sizes["header"] = zf.getinfo(HEADER).compress_size
     file_bytes = compressed.file_bytes
     sizes["archive directory and entry headers"] = file_bytes - sum(sizes.values())
     n_values = h["n_rows"] * math.prod(h["sample_shape"])

@@ -46,7 +46,7 @@ def l1_weight_penalty(model: nn.Module) -> torch.Tensor:
     terms = [
         m.weight.abs().mean()
         for m in model.modules()
-        if isinstance(m, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d))
+        if isinstance(m, (nn.Linear, nn.Conv2d, nn.ConvTranspose2d, nn.Conv3d, nn.ConvTranspose3d))
     ]
     if not terms:
         raise BalerInputError("L1 weight regularisation needs a model with Linear or Conv layers")

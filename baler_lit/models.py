@@ -16,13 +16,25 @@ values (dimensionless, nominally in [0, 1]); ``z`` has ``latent_dim`` features p
 - :class:`PJ_Conv_AE`: Baler's ``PJ_Conv_AE`` (two 5×5 stride-2 convolutions, a 500-unit dense bottleneck, two
   transposed convolutions), with the flattened size and output paddings computed from the frame shape (the
   original hard-codes 28×28 frames).
+- :class:`Conv_AE`: Baler's ``Conv_AE`` (three stride-1 convolutions, kernels (2,5)/3/3, a 2000-unit dense
+  bottleneck, BatchNorm in the decoder), sized from the frame shape: the original hard-codes a flattened size of
+  128 and fails on any other frame (50×50 CFD frames among them).
+- :class:`Conv_AE_GDN`: Baler's ``Conv_AE_GDN``: ``Conv_AE``'s layers with generalised divisive normalisation
+  (:class:`GDN`, inverse GDN in the decoder) in place of the convolutions' ReLUs.
+- :class:`Conv_AE_3D`: Baler's ``Conv_AE_3D``: 3-D convolutions over a block of ``depth`` consecutive frames.
+  A sample is the block's frames stacked row-wise, ``(depth·H, W)`` (what Baler's ``convert_to_blocks`` makes of
+  frame data), sized from it (the original hard-codes 15 frames of 50×50 and takes its batch as the depth).
+- :class:`FPGA_prototype_model`: Baler's small dense model for the hls4ml FPGA export, n→20→10→z→10→20→n with
+  ReLU (each activation a layer of its own, as hls4ml needs).
 - :class:`TransformerAE`: a transformer autoencoder in the spirit of Baler's ``TransformerAE`` (whose constructor
   does not accept Baler's ``n_features``/``z_dim`` arguments, and which attends across the rows of a batch, so a
   row's code would depend on its neighbours). Here each sample is a sequence of tokens — one per column of a
   table row, one per row of a frame — so a code depends on its own sample only.
 
 :func:`build_model` creates a model by name from JSON-friendly arguments, so a compressed file can rebuild
-its decoder without unpickling anything.
+its decoder without unpickling anything. Every class in :data:`MODELS` names a small ``example`` (sample shape and
+arguments) that the tests build, train, compress and decompress, so a model added to the registry is tested
+without a test of its own.
 """
 
 from __future__ import annotations
@@ -75,6 +87,8 @@ class BalerAutoencoder(nn.Module):
 
     encoder: nn.Module
     decoder: nn.Module
+    #: a small sample shape and constructor arguments this model accepts (the registry's tests use them)
+    example: tuple[tuple[int, ...], dict[str, Any]] = ((8,), {})
 
     def __init__(self, input_shape: Sequence[int], latent_dim: int) -> None:
         super().__init__()
@@ -146,6 +160,7 @@ class AE(BalerAutoencoder):
 
 
 class CFD_dense_AE(AE):  # noqa: N801 - Baler's class name
+    example = ((6, 5), {})
     """Baler's ``CFD_dense_AE``: :class:`AE`'s dense stack on frames ``(H, W)`` (or any sample shape).
 
     ``encode`` flattens each sample to ``n = prod(input_shape)`` values, ``decode`` restores the sample shape,
@@ -234,6 +249,7 @@ class _FrameAE(BalerAutoencoder):
 
 
 class ConvAE(_FrameAE):
+    example = ((8, 8), {"channels": [4, 4]})
     """Convolutional autoencoder for 2-D frames ``(H, W)`` or ``(C, H, W)``.
 
     Encoder: ``len(channels)`` stride-2 3×3 convolutions with LeakyReLU, flatten, Linear → z. Decoder: Linear →
@@ -300,6 +316,7 @@ def _pj_out(size: int) -> int:
 
 
 class PJ_Conv_AE(_FrameAE):  # noqa: N801 - Baler's class name
+    example = ((8, 8), {"hidden": 16})
     """Baler's ``PJ_Conv_AE`` sized from the frame shape.
 
     Encoder: Conv(C→20, 5×5, stride 2) → LeakyReLU(0.2) → Conv(20→50, 5×5, stride 2) → flatten → Linear(→500) →
@@ -387,6 +404,7 @@ class _TransformerDecoderPart(nn.Module):
 
 
 class TransformerAE(BalerAutoencoder):
+    example = ((6,), {"d_model": 8, "n_heads": 2, "n_layers": 1, "feedforward": 16})
     """Transformer autoencoder; each sample is a sequence of tokens.
 
     Tokens: one per column of a table row (token size 1), one per row of an ``(H, W)`` frame (token size W), one
@@ -426,6 +444,215 @@ class TransformerAE(BalerAutoencoder):
         return self.decoder(z).reshape(z.shape[0], *self.input_shape)
 
 
+#: Baler's ``Conv_AE`` / ``Conv_AE_GDN`` sizes: channels of the three convolutions, the first kernel, the dense
+#: bottleneck width.
+BALER_CONV_CHANNELS = (8, 16, 32)
+BALER_CONV_FIRST_KERNEL = (2, 5)
+BALER_CONV_MID = 2000
+#: ``FPGA_prototype_model``'s hidden widths (encoder side).
+FPGA_HIDDEN = (20, 10)
+
+
+class FPGA_prototype_model(BalerAutoencoder):  # noqa: N801 - Baler's class name
+    """Baler's ``FPGA_prototype_model``: encoder n→20→10→z, decoder z→10→20→n, ReLU between layers (a layer
+    each, not a function, so hls4ml can convert the model), no activation on ``z`` or on the output. Tables."""
+
+    def __init__(self, input_shape: Sequence[int], latent_dim: int, hidden: Sequence[int] = FPGA_HIDDEN) -> None:
+        super().__init__(input_shape, latent_dim)
+        n = _require_table("FPGA_prototype_model", self.input_shape)
+        hidden = [int(h) for h in hidden]
+        self.encoder = _relu_stack([n, *hidden, self.latent_dim])
+        self.decoder = _relu_stack([self.latent_dim, *reversed(hidden), n])
+
+
+def _relu_stack(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers through ``sizes`` with a ReLU layer between them and none after the last one."""
+    layers: list[nn.Module] = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(n_in, n_out))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class _LowerBound(torch.autograd.Function):
+    """``max(x, bound)`` whose gradient still flows where ``x`` is below the bound but the step would raise it
+    (Ballé's reparametrised GDN; Baler's ``LowerBound``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, bound: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.bound = bound
+        return x.clamp_min(bound)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return grad * ((x >= ctx.bound) | (grad < 0)).to(grad.dtype), None
+
+
+class GDN(nn.Module):
+    """Generalised divisive normalisation over the channels of ``(B, C, H, W)``:
+    ``y_i = x_i / sqrt(beta_i + Σ_j gamma_ij · x_j²)`` (``inverse``: ``x_i · sqrt(...)``), Baler's ``GDN``.
+
+    ``beta`` and ``gamma`` are stored reparametrised (squared, with a small pedestal, and kept above a floor) as
+    in the original: ``beta`` starts at 1, ``gamma`` at ``gamma_init`` times the identity.
+    """
+
+    def __init__(self, channels: int, inverse: bool = False, beta_min: float = 1e-6, gamma_init: float = 0.1,
+                 reparam_offset: float = 2**-18) -> None:  # fmt: skip
+        super().__init__()
+        self.inverse = bool(inverse)
+        self.pedestal = reparam_offset**2
+        self.beta_bound = (beta_min + self.pedestal) ** 0.5
+        self.gamma_bound = reparam_offset
+        self.beta = nn.Parameter(torch.sqrt(torch.ones(channels) + self.pedestal))
+        self.gamma = nn.Parameter(torch.sqrt(gamma_init * torch.eye(channels) + self.pedestal))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        channels = x.shape[1]
+        beta = _LowerBound.apply(self.beta, self.beta_bound) ** 2 - self.pedestal
+        gamma = _LowerBound.apply(self.gamma, self.gamma_bound) ** 2 - self.pedestal
+        norm = torch.sqrt(nn.functional.conv2d(x * x, gamma.view(channels, channels, 1, 1), beta))
+        return x * norm if self.inverse else x / norm
+
+
+class _BalerConv2d(_FrameAE):
+    """``Conv_AE``'s layout; ``_act(channels, inverse)`` is the activation after each convolution."""
+
+    _name = "Conv_AE"
+    _encoder_norm = True  # BatchNorm after the second convolution
+
+    def _act(self, channels: int, inverse: bool) -> nn.Module:
+        return nn.ReLU()
+
+    def __init__(self, input_shape: Sequence[int], latent_dim: int, mid: int = BALER_CONV_MID) -> None:
+        super().__init__(input_shape, latent_dim)
+        in_ch, height, width, self._add_channel = _frame_layout(self._name, self.input_shape)
+        if height < 2 or width < 5:
+            raise BalerInputError(f"{self._name} needs frames of at least 2×5, got {height}×{width}")
+        c1, c2, c3 = BALER_CONV_CHANNELS
+        conv_h, conv_w = height - 1, width - 4  # kernel (2,5) pad 1, kernel 3 pad 1, kernel 3 pad 0
+        flat = c3 * conv_h * conv_w
+        mid = int(mid)
+        enc: list[nn.Module] = [nn.Conv2d(in_ch, c1, BALER_CONV_FIRST_KERNEL, padding=1), self._act(c1, False),
+                                nn.Conv2d(c1, c2, 3, padding=1)]  # fmt: skip
+        if self._encoder_norm:
+            enc.append(nn.BatchNorm2d(c2))
+        enc += [self._act(c2, False), nn.Conv2d(c2, c3, 3, padding=0), self._act(c3, False), nn.Flatten(1),
+                nn.Linear(flat, mid), nn.ReLU(), nn.Linear(mid, self.latent_dim), nn.ReLU()]  # fmt: skip
+        self.encoder = nn.Sequential(*enc)
+        self.decoder = nn.Sequential(
+            nn.Linear(self.latent_dim, mid), nn.ReLU(), nn.Linear(mid, flat), nn.ReLU(),
+            nn.Unflatten(1, (c3, conv_h, conv_w)),
+            nn.ConvTranspose2d(c3, c2, 3, padding=0), *self._decoder_act(c2),
+            nn.ConvTranspose2d(c2, c1, 3, padding=1), *self._decoder_act(c1),
+            nn.ConvTranspose2d(c1, in_ch, BALER_CONV_FIRST_KERNEL, padding=1),
+        )  # fmt: skip
+        self.flat_size = flat
+
+    def _decoder_act(self, channels: int) -> list[nn.Module]:
+        return [nn.BatchNorm2d(channels), nn.ReLU()]
+
+
+class Conv_AE(_BalerConv2d):  # noqa: N801 - Baler's class name
+    """Baler's ``Conv_AE`` on frames ``(H, W)`` or ``(C, H, W)`` (at least 2×5).
+
+    Encoder: Conv(C→8, 2×5, pad 1) → ReLU → Conv(8→16, 3×3, pad 1) → BatchNorm → ReLU → Conv(16→32, 3×3) → ReLU →
+    flatten → Linear(→``mid``) → ReLU → Linear(→z) → ReLU. Decoder: Linear(z→mid) → ReLU → Linear(→flat) → ReLU →
+    unflatten → ConvT(32→16, 3×3) → BatchNorm → ReLU → ConvT(16→8, 3×3, pad 1) → BatchNorm → ReLU →
+    ConvT(8→C, 2×5, pad 1). All strides 1: the convolutions give (H−1)×(W−4) and the transposed ones undo it
+    exactly, so the flattened size is 32·(H−1)·(W−4), which the original hard-codes to 128. ``mid`` (Baler: 2000)
+    sets the dense width: on 50×50 frames the first dense layer holds 32·49·46·2000 ≈ 144 M weights.
+    """
+
+    example = ((4, 8), {"mid": 16})
+
+
+class Conv_AE_GDN(_BalerConv2d):  # noqa: N801 - Baler's class name
+    """Baler's ``Conv_AE_GDN``: :class:`Conv_AE` with :class:`GDN` after each convolution instead of ReLU
+    (BatchNorm kept after the second), inverse GDN after the decoder's first two transposed convolutions (no
+    BatchNorm there), as the original."""
+
+    example = ((4, 8), {"mid": 16})
+    _name = "Conv_AE_GDN"
+
+    def _act(self, channels: int, inverse: bool) -> nn.Module:
+        return GDN(channels, inverse=inverse)
+
+    def _decoder_act(self, channels: int) -> list[nn.Module]:
+        return [GDN(channels, inverse=True)]
+
+
+#: ``Conv_AE_3D``'s channels and kernels (the original's), encoder side; the decoder mirrors them.
+CONV3D_LAYERS = ((4, (1, 3, 5)), (8, (3, 3, 3)), (16, (3, 3, 3)), (32, (3, 3, 3)), (64, (3, 3, 3)), (64, (1, 3, 3)))
+#: the original's block depth (15 frames of 50×50 give its hard-coded 64·7·38·36 = 612,864 flattened values)
+CONV3D_DEPTH = 15
+
+
+class Conv_AE_3D(BalerAutoencoder):  # noqa: N801 - Baler's class name
+    """Baler's ``Conv_AE_3D``: 3-D convolutions over a block of ``depth`` consecutive frames.
+
+    A sample is the block's frames stacked row-wise, shape ``(depth·H, W)`` (Baler's ``convert_to_blocks`` with
+    blocks ``[_, depth·H, W]`` makes it from frame data); the model views it as a ``depth × H × W`` volume. Encoder:
+    six Conv3d (channels 4, 8, 16, 32, 64, 64; kernels 1×3×5, four 3×3×3, 1×3×3; stride 1, no padding) each followed
+    by ReLU, flatten, Linear(→``mid``) → ReLU → Linear(→z) → ReLU. Decoder: Linear(z→mid) → ReLU → Linear(→flat) →
+    ReLU → the transposed convolutions in reverse, each but the last followed by BatchNorm3d and ReLU. The volume
+    shrinks to (depth−8)×(H−12)×(W−14), so blocks of at least 9 frames of 13×15 are needed.
+    ``compress_to_latent_space=False`` (Baler's option) skips the dense layers: the latent code is the flattened
+    convolution output and ``latent_dim`` becomes its size.
+    """
+
+    example = ((9 * 13, 15), {"depth": 9, "mid": 16})
+
+    def __init__(self, input_shape: Sequence[int], latent_dim: int, depth: int = CONV3D_DEPTH, mid: int = BALER_CONV_MID,
+                 compress_to_latent_space: bool = True) -> None:  # fmt: skip
+        super().__init__(input_shape, latent_dim)
+        depth = int(depth)
+        if len(self.input_shape) != 2 or depth < 1 or self.input_shape[0] % depth:
+            raise BalerInputError(
+                f"Conv_AE_3D needs stacked frames (depth·H, W) with depth {depth} dividing the rows, got input_shape"
+                f" {self.input_shape}; convert_to_blocks [_, depth·H, W] stacks frame data that way"
+            )
+        volume = (depth, self.input_shape[0] // depth, self.input_shape[1])
+        out = list(volume)
+        for _, kernel in CONV3D_LAYERS:
+            out = [o - k + 1 for o, k in zip(out, kernel)]
+        if min(out) < 1:
+            raise BalerInputError(f"Conv_AE_3D needs blocks of at least 9 frames of 13×15, got {volume}")
+        flat = CONV3D_LAYERS[-1][0] * math.prod(out)
+        self.volume, self.depth, self.flat_size = volume, depth, flat
+        self.compress_to_latent_space = bool(compress_to_latent_space)
+        if not self.compress_to_latent_space:
+            self.latent_dim = flat
+        mid = int(mid)
+        enc: list[nn.Module] = []
+        prev = 1
+        for channels, kernel in CONV3D_LAYERS:
+            enc += [nn.Conv3d(prev, channels, kernel), nn.ReLU()]
+            prev = channels
+        enc.append(nn.Flatten(1))
+        dec: list[nn.Module] = []
+        if self.compress_to_latent_space:
+            enc += [nn.Linear(flat, mid), nn.ReLU(), nn.Linear(mid, self.latent_dim), nn.ReLU()]
+            dec += [nn.Linear(self.latent_dim, mid), nn.ReLU(), nn.Linear(mid, flat), nn.ReLU()]
+        dec.append(nn.Unflatten(1, (prev, *out)))
+        outs = [c for c, _ in CONV3D_LAYERS[-2::-1]] + [1]
+        for (_, kernel), channels in zip(CONV3D_LAYERS[::-1], outs):
+            dec.append(nn.ConvTranspose3d(prev, channels, kernel))
+            if channels != 1:
+                dec += [nn.BatchNorm3d(channels), nn.ReLU()]
+            prev = channels
+        self.encoder = nn.Sequential(*enc)
+        self.decoder = nn.Sequential(*dec)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x.reshape(x.shape[0], 1, *self.volume))
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.decoder(z).reshape(z.shape[0], *self.input_shape)
+
+
 MODELS: dict[str, type[BalerAutoencoder]] = {
     "AE": AE,
     "AE_Dropout_BN": AE_Dropout_BN,
@@ -433,6 +660,10 @@ MODELS: dict[str, type[BalerAutoencoder]] = {
     "ConvAE": ConvAE,
     "PJ_Conv_AE": PJ_Conv_AE,
     "TransformerAE": TransformerAE,
+    "Conv_AE": Conv_AE,
+    "Conv_AE_GDN": Conv_AE_GDN,
+    "Conv_AE_3D": Conv_AE_3D,
+    "FPGA_prototype_model": FPGA_prototype_model,
 }
 
 

@@ -41,6 +41,7 @@ from .normalization import MinMaxNormalizer
 ADAM_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 #: Baler's minimum learning rate for ReduceLROnPlateau.
 BALER_MIN_LR = 1e-6
+_TORCH_ZERO_GRAD = torch.optim.Optimizer.zero_grad
 
 
 class BalerModule(L.LightningModule):
@@ -222,6 +223,22 @@ class BalerModule(L.LightningModule):
             x_hat = self.normalizer.inverse_torch(x_hat)
         return {"latent": z, "reconstruction": x_hat}
 
+    # -- per-step hook, without machinery this module does not need -------------------------------------
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.zero_grad()`` (set to None), as Lightning's default does, without its per-call profiler
+        range while no profiler runs: the same gradients (None); zero_grad was 2 % of a bare Lightning step of
+        the Baler AE (py-spy, 34k rows, batch 512, float32).
+
+        Only for optimizers that keep ``torch.optim.Optimizer.zero_grad``; any other (or a running profiler)
+        gets its own ``zero_grad``.
+        """
+        if type(optimizer).zero_grad is _TORCH_ZERO_GRAD and not torch.autograd._profiler_enabled():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None
+        else:
+            optimizer.zero_grad()
+
     # -- optimisation --------------------------------------------------------------------------------
     def monitored_metric(self) -> str:
         """The metric the scheduler, early stopping and :class:`BalerCheckpoint` follow (see ``monitor``)."""
@@ -291,6 +308,17 @@ class BalerCheckpoint(ModelCheckpoint):
         self._live: list[torch.Tensor] = []
         self._pending: tuple[str, int, int] | None = None
         self._last_write = time.monotonic()
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key (the same string, so checkpoints stay interchangeable), built once per setting:
+        # Lightning reads it at every hook call of every callback (~6 times a step), and building it reprs a dict
+        settings = (self.monitor, self.mode, self._every_n_train_steps, self._every_n_epochs,
+                    self._train_time_interval)
+        cached = self.__dict__.get("_state_key_cache")
+        if cached is None or cached[0] != settings:
+            cached = self._state_key_cache = (settings, ModelCheckpoint.state_key.fget(self))
+        return cached[1]
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.monitor == "auto":

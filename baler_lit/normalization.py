@@ -4,6 +4,10 @@
 broadcast against one sample: shape ``(n_columns,)`` for tables normalised per column, ``(H, W)`` for frames
 normalised per pixel, ``(1,)`` for one global range. A constant column has range 0; its scale is stored as 1 so
 it maps to 0 and back to its value exactly.
+
+:meth:`MinMaxNormalizer.identity` is Baler's ``apply_normalization = False``: minimum 0 and range 1, so the model
+sees the raw values. It is stored like any other normalisation (checkpoint, ``.baler`` file), so decompression
+needs nothing new to restore raw-value models.
 """
 
 from __future__ import annotations
@@ -62,6 +66,16 @@ class MinMaxNormalizer:
         if lo is None:
             raise BalerInputError("normalisation needs at least one row of (n_samples, ...) data")
         return cls._from_range(lo, hi)
+
+    @classmethod
+    def identity(cls) -> MinMaxNormalizer:
+        """No normalisation (Baler's ``apply_normalization = False``): minimum 0, range 1, one global value."""
+        return cls(minimum=np.zeros(1), scale=np.ones(1))
+
+    @property
+    def is_identity(self) -> bool:
+        """True when the values pass unchanged (minimum 0 and range 1 everywhere)."""
+        return bool((self.minimum == 0).all() and (self.scale == 1).all())
 
     @classmethod
     def _from_range(cls, lo: np.ndarray, hi: np.ndarray) -> MinMaxNormalizer:

@@ -387,6 +387,12 @@ def plan(python: str, results: Path, slug: str, dry_run: bool, scratch_dir: Path
         Part("overhead", [python, str(BENCHMARKS / "overhead.py"), *overhead_args,
                           "--out", str(results / f"overhead_gpu_{slug}.json")], 120,
              results / f"overhead_gpu_{slug}.json", overhead_headline),
+        # issue 31: the original Baler's samples/s and ours on the same card (batch 512, float32 and bf16); the
+        # original's checkout travels as .baler-original (carry it), else its side is an error entry
+        Part("baler-gpu", [python, str(BENCHMARKS / "baler_gpu.py"), *dry,
+                           "--baler-original", str(ROOT / ".baler-original"), *(["--quick"] if dry_run else []),
+                           "--out", str(results / f"baler_gpu_{slug}.json")], 150,
+             results / f"baler_gpu_{slug}.json", lambda d: str(d.get("goals"))),
     ]
 
 

@@ -12,7 +12,12 @@ the next), so that all configurations see the same drift of a noisy machine:
                   ``energy``/``sampler`` the hooks' cost;
 - ``codecarbon``  CodeCarbon's ``OfflineEmissionsTracker(measure_power_secs=1)`` around the fit;
 - ``zeus``        one Zeus ``ZeusMonitor`` window per step (``begin_window``/``end_window``), monitoring
-                  the devices Zeus finds (GPUs, readable RAPL packages).
+                  the devices Zeus finds (GPUs, readable RAPL packages);
+- ``cluster``     ``energy`` with every cluster part on (issue 28): two node sensors (a Redfish BMC, the test
+                  suite's DMTF-schema server on 127.0.0.1 over HTTP, and IPMI DCMI through the suite's fake
+                  ``ipmitool``, each read at most once a second on a thread of its own) and a
+                  ``PrometheusCallback`` serving on a free port. (The shared-card detection needs NVML: it runs on
+                  the sampling thread where a GPU is, not here.)
 
 Step time is measured from inside the loop: a timing callback placed first records the time between
 consecutive ``on_train_batch_start`` calls, so set-up and tear-down (trainer construction, report
@@ -75,6 +80,7 @@ from torch import nn  # noqa: E402
 from lightning_energy import EnergyCallback  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported: benchmarks/machine.py
+TESTS = Path(__file__).resolve().parent.parent / "tests"  # the cluster configuration's BMC and fake ipmitool
 import machine  # noqa: E402
 from machine import write_json_atomic  # noqa: E402
 
@@ -95,7 +101,7 @@ GOAL_RATIO = 1.01  # energy / plain median step time
 GOAL_CALLBACK_US = 50.0  # EnergyCallback's own time on the training thread, us per step
 GOAL_EPOCH_RATIO = 1.1  # one-batch epochs: wall time with EnergyCallback / without
 GOAL_EPOCH_END_US = 2000.0  # EnergyCallback's on_train_epoch_end on the training thread, us (median)
-CONFIGS = ("plain", "energy", "sampler", "codecarbon", "zeus")
+CONFIGS = ("plain", "energy", "sampler", "codecarbon", "zeus", "cluster")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "overhead.json"
 
 ZEUS_NOTE = ("ZeusMonitor found no GPU or readable RAPL counter here, so it reads no device: the zeus row "
@@ -301,6 +307,40 @@ def load_zeus() -> Any | None:
     return cls
 
 
+class ClusterParts:
+    """The node sensors' servers for the ``cluster`` configuration: the test suite's Redfish BMC and fake
+    ``ipmitool`` (tests/fake_bmc.py, tests/fake_ipmitool), started once."""
+
+    def __init__(self) -> None:
+        import json
+
+        sys.path.insert(0, str(TESTS))
+        from fake_bmc import FakeBmc
+
+        self.bmc = FakeBmc(password="overhead-bench")
+        self.folder = Path(tempfile.mkdtemp(prefix="le_overhead_ipmi_"))
+        state = self.folder / "state.json"
+        state.write_text(json.dumps({"instantaneous": 412, "average": 398, "minimum": 20, "maximum": 640,
+                                     "period_s": 5, "state": "activated", "fail": None}))
+        os.environ["FAKE_IPMITOOL_STATE"] = str(state)
+        os.environ["FAKE_IPMITOOL_LOG"] = str(self.folder / "calls.jsonl")
+
+    def node_sensors(self) -> list:
+        from lightning_energy import Credentials, DcmiPowerSensor, RedfishPowerSensor
+
+        return [RedfishPowerSensor(self.bmc.url, Credentials("admin", "overhead-bench"), insecure=True),
+                DcmiPowerSensor(ipmitool=str(TESTS / "fake_ipmitool"))]
+
+
+def load_cluster() -> Any | None:
+    """The cluster parts, or None where the Prometheus extra is not installed."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return None
+    return ClusterParts()
+
+
 # ------------------------------------------------------------------------------------------ one fit
 def fit_once(config: str, steps: int, batches: Batches, tools: dict[str, Any],
              profiler: cProfile.Profile | None = None) -> dict[str, Any]:
@@ -322,11 +362,19 @@ def fit_once(config: str, steps: int, batches: Batches, tools: dict[str, Any],
             monitor = tools["zeus"]()  # every GPU and readable RAPL package Zeus finds
         zeus_devices = {"gpu_indices": list(monitor.gpu_indices), "cpu_indices": list(monitor.cpu_indices)}
         hooked = TimedZeusWindowPerStep(monitor)
+    elif config == "cluster":
+        from lightning_energy import PrometheusCallback
+
+        hooked = TimedEnergyCallback(verbose=False, extra_sensors=tools["cluster"].node_sensors())
+        exporter = PrometheusCallback(port=0)
+        callbacks.append(exporter)
     elif config == "codecarbon":
         tracker = tools["codecarbon"](country_iso_code="FRA", measure_power_secs=1, save_to_file=False,
                                       log_level="error")
     elif config != "plain":
         raise ValueError(f"unknown configuration {config!r}")
+    if config != "cluster":
+        exporter = None
     if hooked is not None:
         hooked.profiler = profiler
         callbacks.append(hooked)
@@ -344,6 +392,8 @@ def fit_once(config: str, steps: int, batches: Batches, tools: dict[str, Any],
         finally:
             if tracker is not None:
                 tracker.stop()
+            if exporter is not None:
+                exporter.exporter.close()
     result: dict[str, Any] = {"step_s": timer.step_times_s(WARMUP_STEPS), "cpu_ms": timer.cpu_ms_per_step(WARMUP_STEPS)}
     if hooked is not None:
         result["hook_us"] = hooked.hook_us_per_step(WARMUP_STEPS)
@@ -524,6 +574,10 @@ def summarise(raw: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]
         sampler = {e["rep"]: e for e in raw["sampler"]}
         summary["energy"]["ratio_vs_sampler"] = statistics.median(
             e["median_step_ms"] / sampler[e["rep"]]["median_step_ms"] for e in raw["energy"])
+    if "cluster" in raw and "energy" in raw:  # every cluster part on vs EnergyCallback alone, per repetition
+        energy = {e["rep"]: e for e in raw["energy"]}
+        for key, name in (("median_step_ms", "ratio_vs_energy"), ("thread_cpu_ms_per_step", "thread_cpu_ratio_vs_energy")):
+            summary["cluster"][name] = statistics.median(e[key] / energy[e["rep"]][key] for e in raw["cluster"])
     return summary
 
 
@@ -693,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"need --reps >= 1 and --steps > {2 * WARMUP_STEPS}")
 
     quiet_lightning()
-    tools = {"codecarbon": load_codecarbon(), "zeus": load_zeus()}
+    tools = {"codecarbon": load_codecarbon(), "zeus": load_zeus(), "cluster": load_cluster()}
     configs = [c for c in CONFIGS if c in ("plain", "energy", "sampler") or tools[c] is not None]
     notes = [f"{c} not installed: skipped" for c in CONFIGS if c not in configs]
     notes.append("sampler: EnergyCallback without its per-step hooks (sampling thread only); sampler/plain is "
@@ -733,6 +787,10 @@ def main(argv: list[str] | None = None) -> int:
     if split is not None:
         print(f"overhead split: sampling thread alone {split['sampler_thread_ratio_vs_plain']:.4f} x plain; "
               f"per-step hooks on top {split['hooks_ratio_vs_sampler']:.4f} x sampler")
+    if "ratio_vs_energy" in summary.get("cluster", {}):
+        cluster = summary["cluster"]
+        print(f"cluster parts on (2 node sensors + Prometheus) vs energy alone: step time "
+              f"{cluster['ratio_vs_energy']:.4f} x, training-thread CPU {cluster['thread_cpu_ratio_vs_energy']:.4f} x")
     for note in notes:
         print(f"note: {note}")
 

@@ -38,13 +38,23 @@ _PUBLIC: dict[str, str] = {
     "ZeusBatchSizeOptimizer": "lightning_energy.callbacks.zeus_batch_size",
     "EnergyToAccuracy": "lightning_energy.callbacks.energy_to_accuracy",
     "CompileModel": "lightning_energy.callbacks.compile_model",
+    "PrometheusCallback": "lightning_energy.callbacks.prometheus",
+    "PrometheusExporter": "lightning_energy.outputs.prometheus",
     "EnergyMeter": "lightning_energy.plain",
     "EnergyMonitor": "lightning_energy.fabric",
     "Sensor": "lightning_energy.measure.sensors.base",
     "SimulatedSensor": "lightning_energy.simulate.simulated_sensor",
     "CpuEstimateSensor": "lightning_energy.measure.sensors.cpu_model",
     "NvmlGpuSensor": "lightning_energy.measure.sensors.nvml",
+    "AmdSmiGpuSensor": "lightning_energy.measure.sensors.amdsmi",
+    "PartitionedGpuError": "lightning_energy.measure.sensors.amdsmi",
+    "NvmlProcessShareSensor": "lightning_energy.measure.sensors.nvml_share",
     "RaplSensor": "lightning_energy.measure.sensors.rapl",
+    "RedfishPowerSensor": "lightning_energy.measure.sensors.redfish",
+    "RedfishEnergySensor": "lightning_energy.measure.sensors.redfish",
+    "redfish_node_sensor": "lightning_energy.measure.sensors.redfish",
+    "Credentials": "lightning_energy.measure.sensors.redfish",
+    "DcmiPowerSensor": "lightning_energy.measure.sensors.ipmi",
     "Measurement": "lightning_energy.measure.meter",
     "Meter": "lightning_energy.measure.meter",
     "Sampler": "lightning_energy.measure.sampler",
@@ -73,11 +83,18 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names as plain imports
     from lightning_energy.callbacks.precision import PrecisionSwitch
     from lightning_energy.callbacks.prediction_check import EnergyPredictionCheck
     from lightning_energy.callbacks.profiler import EnergyProfiler
+    from lightning_energy.callbacks.prometheus import PrometheusCallback
+    from lightning_energy.outputs.prometheus import PrometheusExporter
     from lightning_energy.carbon import intensity_from_mix
     from lightning_energy.fabric import EnergyMonitor
     from lightning_energy.plain import EnergyMeter
     from lightning_energy.measure.meter import Measurement, Meter
     from lightning_energy.integration.precision_plugin import SwitchablePrecision
+    from lightning_energy.measure.sensors.amdsmi import AmdSmiGpuSensor, PartitionedGpuError
+    from lightning_energy.measure.sensors.ipmi import DcmiPowerSensor
+    from lightning_energy.measure.sensors.nvml_share import NvmlProcessShareSensor
+    from lightning_energy.measure.sensors.redfish import (Credentials, RedfishEnergySensor, RedfishPowerSensor,
+                                                          redfish_node_sensor)
     from lightning_energy.predict.pre_run import estimate_energy
     from lightning_energy.measure.sampler import Sampler, get_sampler
     from lightning_energy.measure.sensors import CpuEstimateSensor, NvmlGpuSensor, RaplSensor, Sensor

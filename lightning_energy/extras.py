@@ -41,6 +41,8 @@ EXTRA_OF: dict[str, str] = {
     "sqlalchemy": "bso-server",
     "aiosqlite": "bso-server",
     "dotenv": "bso-server",
+    "prometheus_client": "prometheus",
+    "hls4ml": "hls4ml",
 }
 #: loggers whose records below ERROR are dropped while an optional package is imported (see the module docstring)
 NOISY_IMPORT_LOGGERS = ("codecarbon",)

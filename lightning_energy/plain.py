@@ -39,7 +39,9 @@ from typing import Any, Callable, Iterator
 from lightning_energy.core.collective import Collective, torch_distributed
 from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures, window_bounds
 from lightning_energy.core.recorder import RunRecorder, trace_suffix
-from lightning_energy.core.run import Attachment, RunSession, checked_interval, checked_sensors, sensors_for_rank
+from lightning_energy.core.run import (
+    Attachment, RunSession, checked_extra_sensors, checked_interval, checked_sensors, sensors_for_rank,
+)
 from lightning_energy.measure.meter import Mark, measure
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S, get_sampler
 from lightning_energy.measure.sensors.base import Sensor
@@ -77,19 +79,29 @@ class EnergyMeter:
             ``add_scalar(name, value, step)``), an object with ``log_dict(metrics, step=)`` (Fabric), a
             ``callable(name, value, step)``, or None (the report only). Written from rank zero.
         sensors: sensors to read instead of the auto-detected ones; ``backend``: ``"auto"`` or ``"zeus"``.
+        extra_sensors: sensors to read beside the auto-detected ones (not with ``sensors``), e.g. the node's
+            BMC: ``[RedfishPowerSensor("https://bmc-17", Credentials(user, password))]``. Node-scope sensors
+            (also those ``LIGHTNING_ENERGY_REDFISH_URL`` / ``LIGHTNING_ENERGY_IPMI`` configure) are read on
+            local rank 0, never added to the totals, and reported in the report's ``node`` entry (node,
+            components, other); a single-node run logs ``energy/node/epoch_J`` and ``energy/other/epoch_J``
+            at each epoch's step once the node's samples cover it.
         interval_s: sampling interval (s, >= 0.001).
         device: the CUDA device the loop runs on (None: the current one where CUDA is available);
             its GPU is measured and, with ``cuda_events``, steps are timed on its stream.
         write_trace: write the sample trace and events files; verbose: print the report at the end.
         collective: the run's ranks (None: ``torch.distributed``'s default group where initialised).
         telemetry: also log GPU telemetry means per logged step and epoch (as ``EnergyCallback(telemetry=True)``).
+        exporters: outputs that follow the run, e.g. ``[PrometheusExporter(port=9464, pushgateway=...)]``
+            (:mod:`lightning_energy.outputs.prometheus`): each gets ``attach(attachment)`` at the start,
+            ``run_ended()`` after the run's end is measured and ``detach()`` at the end (also after an exception).
     """
 
     def __init__(self, log_dir: str | Path = DEFAULT_LOG_DIR, writer: Any = None, sensors: list[Sensor] | None = None,
-                 backend: str = "auto", interval_s: float = DEFAULT_INTERVAL_S, device: Any = None,
+                 backend: str = "auto", extra_sensors: list[Sensor] | None = None, interval_s: float = DEFAULT_INTERVAL_S, device: Any = None,
                  write_trace: bool = True, verbose: bool = True, cuda_events: bool = True,
-                 collective: Collective | None = None, telemetry: bool = False) -> None:
+                 collective: Collective | None = None, telemetry: bool = False, exporters: list | None = None) -> None:
         self.user_sensors = checked_sensors(sensors, backend)
+        self.extra_sensors = checked_extra_sensors(extra_sensors, sensors)
         self.backend, self.interval_s = backend, checked_interval(interval_s)
         self.log_dir = Path(log_dir)
         self.device, self.cuda_events = device, cuda_events
@@ -106,6 +118,11 @@ class EnergyMeter:
         self._epoch = 0
         self._last: Mark | None = None  # the latest boundary placed: where the next step or epoch starts
         self._last_step: StepFigures | None = None
+        self.exporters = list(exporters or [])
+        for exporter in self.exporters:
+            if not all(callable(getattr(exporter, name, None)) for name in ("attach", "run_ended", "detach")):
+                raise TypeError("each of `exporters` needs attach(attachment), run_ended() and detach() (e.g. a "
+                                f"lightning_energy.outputs.prometheus.PrometheusExporter), got {type(exporter).__name__}")
 
     # ---------------------------------------------------------------- the run
     def __enter__(self) -> "EnergyMeter":
@@ -138,10 +155,13 @@ class EnergyMeter:
             clock = device_clock(device)
         session = self._session = RunSession(get_sampler(), clock, collective, host=self)
         sensors, notes, zeus = sensors_for_rank(device.index if device is not None else None,
-                                                collective.local_rank == 0, self.user_sensors, self.backend)
+                                                collective.local_rank == 0, self.user_sensors, self.backend,
+                                                self.extra_sensors)
         attachment = Attachment(session, self, list(sensors), list(notes), zeus,
                                 auto=self.user_sensors is None and self.backend == "auto")
         session.add(attachment, self.interval_s)
+        for exporter in self.exporters:  # collective under DDP, as start() is
+            exporter.attach(attachment)
         if collective.is_zero:
             for note in attachment.notes:
                 warnings.warn(f"lightning-energy: {note}", UserWarning, stacklevel=3)
@@ -218,6 +238,8 @@ class EnergyMeter:
         recorder, timeline = self._recorder, self.timeline
         try:
             timeline.fit_ended()
+            for exporter in self.exporters:  # the run's final figures (collective)
+                exporter.run_ended()
             if self._last_step is not None:
                 self._log_metrics(recorder.step_metrics(self._last_step), self._last_step.step)
             recorder.warn_failures()
@@ -225,12 +247,15 @@ class EnergyMeter:
             recorder.event("fit_end", end.t, mark=end)
             recorder.warn_output_problems()
             report = recorder.finish(end, recorder.attachment.notes, extra=self.report_extra)
+            self._log_node_metrics()
             if report is not None:
                 self.report = report
                 self._log_metrics({"energy/total_J": report["total_J"]}, max(timeline.steps_ended - 1, 0))
                 self.report_path = recorder.write_report(report, self.verbose)
         finally:
             recorder.close()
+            for exporter in self.exporters:
+                exporter.detach()
             timeline.unsubscribe(self)
             self._session.remove(self)
             self._session = self._recorder = None
@@ -251,6 +276,7 @@ class EnergyMeter:
     def on_epoch_measured(self, host, figures: EpochFigures) -> None:
         row, metrics = self._recorder.epoch_measured(figures)
         self._log_metrics(metrics, figures.step)
+        self._log_node_metrics()
 
     # ---------------------------------------------------------------- helpers
     def _running(self) -> "EnergyMeter":
@@ -262,6 +288,10 @@ class EnergyMeter:
         timeline = self._running().timeline
         if timeline.open_epoch is None:
             timeline.epoch_started(self._epoch, start=self._last)
+
+    def _log_node_metrics(self) -> None:
+        for step, metrics in self._recorder.node_metrics():
+            self._log_metrics(metrics, step)
 
     def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if self._log is not None and self._recorder is not None and self._recorder.collective.is_zero:

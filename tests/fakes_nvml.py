@@ -40,6 +40,16 @@ numbers, signatures and error classes of :class:`FakeNvml` are checked against t
   (``FakeGpu.compute_pids``, which the test changes at will), as ``c_nvmlProcessInfo_v3_t``-like objects
   (``pid``, ``usedGpuMemory`` in bytes, ``gpuInstanceId``/``computeInstanceId``); ``[]`` when there are none,
   as pynvml returns. PIDs are as the driver sees them (the host's PID namespace).
+- ``nvmlDeviceGetProcessUtilization(handle, timeStamp)``: the driver samples each process's SM and memory
+  utilisation (%, the mean over each sample period, rounded) every ``FakeGpu.process_sample_period_s`` (1/6 s;
+  nvidia-smi(1) gives 1/6 to 1 s for its utilisation samples, depending on the product) and keeps
+  ``PROCESS_SAMPLE_BUFFER_S`` of them (NVML does not document its buffer: assumed); the call returns, for each
+  process with non-zero utilisation, its latest sample newer than ``timeStamp`` (µs of the driver's CPU clock,
+  here the fake clock), as ``c_nvmlProcessUtilizationSample_t`` (``pid``, ``timeStamp`` in µs, ``smUtil``,
+  ``memUtil``, ``encUtil``, ``decUtil``), and ``NVML_ERROR_NOT_FOUND`` when there is none (NVML's documented
+  return); ``NVML_ERROR_NOT_SUPPORTED`` on MIG handles (as NVML documents) and where
+  ``FakeGpu.has_process_utilisation`` is False. The test sets each process's utilisation with
+  :meth:`FakeNvml.set_process_utilisation` (graphics processes may have some without being in ``compute_pids``).
 - Any call can take time (``latency_s``: advances the fake clock), be held until released
   (:meth:`FakeNvml.block`), or fail with an NVML error code (:meth:`FakeNvml.fail`).
 
@@ -120,12 +130,27 @@ OBSERVED_WINDOW_S = 0.025  # A100/H100/H200: the power sensor observes 25 ms of 
 INSTANT_LAG_S = 0.011  # H200, measured: the observed window ends 11 ms before the instant field refreshes
 INSTANT_PHASE_S = 0.055  # H200, measured 38-82 ms: the instant field refreshes this long after the counter
 MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount on an A100/H100
+PROCESS_SAMPLE_PERIOD_S = 1 / 6  # nvidia-smi(1): utilisation sample periods are 1/6 s to 1 s, by product
+PROCESS_SAMPLE_BUFFER_S = 10.0  # how far back the driver keeps per-process samples (undocumented: assumed)
 
 
 class c_nvmlC2cModeInfo_v1_t(ctypes.Structure):
     """As pynvml's: what ``nvmlDeviceGetC2cModeInfoV`` returns."""
 
     _fields_ = [("isC2cEnabled", ctypes.c_uint)]
+
+
+class c_nvmlProcessUtilizationSample_t(ctypes.Structure):
+    """As pynvml's: one process's sample from ``nvmlDeviceGetProcessUtilization`` (timeStamp in µs, the rest %)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("timeStamp", ctypes.c_ulonglong),
+        ("smUtil", ctypes.c_uint),
+        ("memUtil", ctypes.c_uint),
+        ("encUtil", ctypes.c_uint),
+        ("decUtil", ctypes.c_uint),
+    ]
 
 
 # ------------------------------------------------------------------------------------------- NVML errors
@@ -209,6 +234,9 @@ class FakeGpu:
     has_module_power_fields: bool = True  # in C2C mode: the power fields answer NVML_POWER_SCOPE_MODULE
     has_pcie_counters: bool = False
     compute_pids: list = field(default_factory=list)  # processes with a CUDA context on the GPU (host PIDs)
+    has_process_utilisation: bool = True  # nvmlDeviceGetProcessUtilization answers (Maxwell and newer, not MIG)
+    process_sample_period_s: float = PROCESS_SAMPLE_PERIOD_S
+    process_utilisation: dict = field(default_factory=dict)  # PID -> SM % or (SM %, memory %) at the driver's load
     power_W: float = 100.0
     utilisation_pct: tuple[int, int] = (97, 40)  # (gpu, memory)
     clocks_MHz: tuple[int, int] = (1980, 2619)  # (SM, memory)
@@ -221,6 +249,7 @@ class FakeGpu:
     root: bool = True  # the process may set limits and persistence mode
     limit_log: list = field(default_factory=list)  # every limit set (mW), in order
     _segments: list[tuple[float, float]] = field(default_factory=list)  # (start s, W) of each power level
+    _util_segments: list[tuple[float, dict]] = field(default_factory=list)  # (start s, {PID: (SM %, mem %)})
 
     @property
     def mig_capable(self) -> bool:
@@ -276,6 +305,7 @@ class FakeNvml:
         self.loaded_at_s = clock()  # the driver loads: counters start at 0
         for gpu in self.gpus:
             gpu._segments = [(self.loaded_at_s, gpu.power_W)]
+            gpu._util_segments = [(self.loaded_at_s, _utilisation_table(gpu.process_utilisation))]
         self.init_count = 0
         self.calls: Counter = Counter()
         self.latency_s: dict[str, float] = {}
@@ -289,6 +319,14 @@ class FakeNvml:
         gpu = self.gpus[index]
         gpu.power_W = watts
         gpu._segments.append((self.clock(), watts))
+
+    def set_process_utilisation(self, index: int, utilisation: dict) -> None:
+        """From now on the processes of GPU ``index`` use it as ``utilisation`` says: PID -> SM % or
+        (SM %, memory %); a process left out uses none. (Listing a process among the compute processes is
+        ``FakeGpu.compute_pids``'s.)"""
+        gpu = self.gpus[index]
+        gpu.process_utilisation = dict(utilisation)
+        gpu._util_segments.append((self.clock(), _utilisation_table(utilisation)))
 
     def block(self, name: str) -> threading.Event:
         """Calls to ``name`` wait until the returned event is set (at most 60 s, so a test cannot hang)."""
@@ -575,6 +613,32 @@ class FakeNvml:
         return [types.SimpleNamespace(pid=pid, usedGpuMemory=512 * 2**20, gpuInstanceId=0xFFFFFFFF,
                                       computeInstanceId=0xFFFFFFFF) for pid in list(gpu.compute_pids)]
 
+    def nvmlDeviceGetProcessUtilization(self, handle, timeStamp):
+        """Each process's latest sample newer than ``timeStamp`` (µs), if it had non-zero utilisation; NOT_FOUND
+        when no process has one (see the module docstring)."""
+        self._enter("nvmlDeviceGetProcessUtilization")
+        if isinstance(handle, _MigHandle):
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        gpu = self._gpu_of(handle)[1]
+        if not gpu.has_process_utilisation:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        period = gpu.process_sample_period_s
+        last = math.floor((self.clock() - self.loaded_at_s) / period + 1e-9)  # 1e-9: float noise
+        first = max(1, last - math.floor(PROCESS_SAMPLE_BUFFER_S / period) + 1)
+        latest: dict[int, c_nvmlProcessUtilizationSample_t] = {}
+        for k in range(first, last + 1):
+            end = self.loaded_at_s + k * period
+            stamp = int(round(end * 1e6))
+            if stamp <= timeStamp:
+                continue
+            for pid, (sm, memory) in _mean_utilisation(gpu._util_segments, end - period, end).items():
+                if sm or memory:
+                    latest[pid] = c_nvmlProcessUtilizationSample_t(pid=pid, timeStamp=stamp, smUtil=sm, memUtil=memory,
+                                                                   encUtil=0, decUtil=0)
+        if not latest:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return [latest[pid] for pid in sorted(latest)]
+
     def nvmlDeviceGetPcieThroughput(self, device, counter):
         """KB/s over the last 20 ms (the real call blocks that long: set ``latency_s`` to model it)."""
         self._enter("nvmlDeviceGetPcieThroughput")
@@ -588,6 +652,29 @@ for _name, _cls in ERROR_CLASSES.items():  # pynvml.NVMLError_NotSupported etc. 
     setattr(FakeNvml, _name, _cls)
 FakeNvml.NVMLError = NVMLError
 FakeNvml.c_nvmlC2cModeInfo_v1_t = c_nvmlC2cModeInfo_v1_t
+FakeNvml.c_nvmlProcessUtilizationSample_t = c_nvmlProcessUtilizationSample_t
+
+
+def _utilisation_table(utilisation: dict) -> dict[int, tuple[float, float]]:
+    """PID -> (SM %, memory %) from PID -> SM % or (SM %, memory %)."""
+    return {int(pid): (float(v[0]), float(v[1])) if isinstance(v, tuple) else (float(v), 0.0)
+            for pid, v in utilisation.items()}
+
+
+def _mean_utilisation(segments: list[tuple[float, dict]], start: float, end: float) -> dict[int, tuple[int, int]]:
+    """Each process's mean (SM %, memory %) over ``(start, end]`` from the programmed ``segments``, rounded."""
+    totals: dict[int, list[float]] = {}
+    for i, (begin, table) in enumerate(segments):
+        stop = segments[i + 1][0] if i + 1 < len(segments) else math.inf
+        overlap = min(stop, end) - max(begin, start)
+        if overlap <= 0:
+            continue
+        for pid, (sm, memory) in table.items():
+            total = totals.setdefault(pid, [0.0, 0.0])
+            total[0] += sm * overlap
+            total[1] += memory * overlap
+    span = end - start
+    return {pid: (int(round(sm / span)), int(round(memory / span))) for pid, (sm, memory) in totals.items()}
 for _name, _value in list(globals().items()):
     if _name.startswith("NVML_"):
         setattr(FakeNvml, _name, _value)

@@ -65,7 +65,7 @@ def test_the_plan_names_every_result_after_the_card_and_collects_only_gpu_test_f
     assert slug == "h200-fake" and card["driver"] == "fake" and card["power_limit_W"] == 700.0
     assert gpu_check.card_slug({"gpu": "NVIDIA H100 80GB HBM3"}) == "h100-80gb-hbm3"
     parts = gpu_check.plan("python3", tmp_path, slug, True, tmp_path, card)
-    assert [p.name for p in parts] == ["environment", "gpu-tests", "gpu-truth", "nvml-semantics", "overhead"]
+    assert [p.name for p in parts] == ["environment", "gpu-tests", "gpu-truth", "nvml-semantics", "overhead", "baler-gpu"]
     assert all(p.result.name.endswith(f"_{slug}.json") for p in parts)
     assert all("--dry-run" in p.argv for p in parts if p.name == "gpu-truth")
     test_files = gpu_check.gpu_test_files()

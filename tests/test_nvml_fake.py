@@ -81,6 +81,9 @@ def test_the_fake_mirrors_pynvml_names_numbers_signatures_and_error_classes():
         assert list(ours.parameters) == list(real.parameters), name
     # what nvmlDeviceGetC2cModeInfoV returns (Zeus reads its isC2cEnabled)
     assert fake.c_nvmlC2cModeInfo_v1_t._fields_ == pynvml.c_nvmlC2cModeInfo_v1_t._fields_
+    # the shared-card queries (lightning_energy.measure.sensors.shared_gpu) and what they return
+    assert {"nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetProcessUtilization"} <= set(functions)
+    assert fake.c_nvmlProcessUtilizationSample_t._fields_ == pynvml.c_nvmlProcessUtilizationSample_t._fields_
 
 
 def test_the_sensors_nvml_numbers_are_pynvmls():

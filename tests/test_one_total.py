@@ -87,3 +87,13 @@ def test_the_events_file_carries_the_meters_energy_at_the_fit_boundaries(fitted)
     with open(run_dir / "energy_trace.csv", newline="") as fh:
         first_sample_s = float(next(csv.DictReader(fh))["time_s"])
     assert first_sample_s < float(rows["fit_start"]["time_s"])  # the trace covers the fit's start
+
+
+def test_the_report_holds_the_fits_attribution_bound_beside_its_total(fitted):
+    """``bound_J`` of the whole fit (what `lightning-energy validate` compares a wall meter's difference with): the
+    sum of the counted sensors' bounds of the fit window, finite, and each sensor's own beside its energy."""
+    report, _, _ = fitted
+    per_sensor = [s["bound_J"] for s in report["sensors"]]
+    assert all(b is not None and b >= 0.0 for b in per_sensor)
+    assert report["bound_J"] == pytest.approx(sum(per_sensor))
+    assert 0.0 <= report["bound_J"] < report["total_J"]

@@ -41,3 +41,25 @@ def test_one_sensor_gives_one_epoch_energy_card_several_give_one_each():
     row["per_sensor_J"] = {"gpu0": 4.0, "cpu": 1.0}
     assert {n for n in epoch_metrics(row) if n.startswith("energy/sensor/")} == {
         "energy/sensor/gpu0/epoch_J", "energy/sensor/cpu/epoch_J"}
+
+
+def test_the_text_tab_shows_the_node_beside_its_components_and_the_rest_each_labelled():
+    """Issue 28: a run with a node sensor (a BMC) shows node = components + other per host in the Text tab too."""
+    from lightning_energy.outputs.report import build_report
+
+    gpu = {"name": "gpu0", "rank": 0, "scope": "device", "energy_J": 300.0, "mean_power_W": 100.0, "estimated": False,
+           "provenance": "measured", "source": "NVML", "failure": None, "missing_from_s": None}
+    bmc = {"name": "node_redfish", "rank": 0, "scope": "node", "energy_J": 450.0, "mean_power_W": 150.0,
+           "estimated": False, "provenance": "measured", "source": "Redfish", "covers_run": True, "bound_J": 3.0,
+           "failure": None, "missing_from_s": None}
+    summary = {"rank": 0, "local_rank": 0, "node": "n1", "duration_s": 3.0, "train_J": 250.0, "validation_J": 20.0,
+               "sensors": [gpu], "node_sensors": [bmc], "node_epochs": {}}
+    text = report_markdown(build_report([summary], [], {"sampling": {}, "notes": [], "sections": {}}))
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| node |"))
+    row = lines[header + 2]
+    assert row.startswith("| n1 |") and "450.00 (measured)" in row and "300.00 (measured)" in row
+    assert "150.00 (measured)" in row and "node_redfish" in row
+    assert any("fans, PSU losses" in line for line in lines[header:])
+    assert "- **node_redfish** (node n1): Redfish" in lines  # its source listed with the others
+    assert "| node |" not in report_markdown(report([gpu]))  # no node sensor: no node table

@@ -13,6 +13,7 @@ from typing_extensions import override
 from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures
 from lightning_energy.core.metrics import LOOP_METRICS, sensor_metric  # noqa: F401  (the metric table, named here too)
 from lightning_energy.core.recorder import RunRecorder, trace_suffix
+from lightning_energy.core.run import checked_extra_sensors
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for, report_sections
 from lightning_energy.integration.lightning_internals import epoch_end_log_step, progress_bar_dict
 from lightning_energy.integration.session import trainer_collective
@@ -41,6 +42,14 @@ class EnergyCallback(MeteredCallback):
     ends only); with ``backend="zeus"`` also ``energy/zeus_epoch_J``, Zeus's own ``ZeusMonitor`` windows over
     the same interval as ``energy/epoch_J``, summed over ranks.
 
+    The whole node: a node-scope sensor (the BMC through Redfish or IPMI DCMI, turned on for every job by
+    ``LIGHTNING_ENERGY_REDFISH_URL`` / ``LIGHTNING_ENERGY_IPMI``: :mod:`lightning_energy.measure.sensors.node_config`,
+    or given in ``extra_sensors``) is read once per node (local rank 0) and never added to the totals above
+    (it contains them): the report's ``node`` entry holds the node's energy, the sum of the component sensors
+    and the rest (fans, PSU losses, disks, NICs), each labelled; a single-node run also logs
+    ``energy/node/epoch_J``, ``power/node/epoch_W`` and ``energy/other/epoch_J`` per epoch, at the epoch's step,
+    once the BMC's samples cover it (usually during the next epoch).
+
     A sensor that fails mid-run (or hangs in a read) is warned about once, on the rank where it fails;
     its energy up to its last good sample stays counted, later windows get none from it, and the report
     flags the sensor (``missing_from_s``) and the epochs it misses (``missing_sensors``). A sensor that
@@ -56,6 +65,10 @@ class EnergyCallback(MeteredCallback):
 
     Args:
         sensors: sensors to read instead of the auto-detected ones (``lightning_energy.Sensor``).
+        extra_sensors: sensors to read beside the auto-detected ones, e.g.
+            ``[RedfishPowerSensor("https://bmc-17", Credentials(user, password))]`` (not with ``sensors``);
+            host- and node-scope ones are read on local rank 0 only. A node sensor here replaces those the
+            environment configures.
         backend: ``"auto"`` (NVML, RAPL, estimate) or ``"zeus"`` (read through Zeus's ZeusMonitor).
         interval_s: sampling interval in seconds (>= 0.001).
         log_power_figure: add the per-epoch power figure to TensorBoard.
@@ -77,6 +90,7 @@ class EnergyCallback(MeteredCallback):
     def __init__(
         self,
         sensors: list[Sensor] | None = None,
+        extra_sensors: list[Sensor] | None = None,
         backend: str = "auto",
         interval_s: float = DEFAULT_INTERVAL_S,
         log_power_figure: bool = True,
@@ -88,6 +102,7 @@ class EnergyCallback(MeteredCallback):
     ) -> None:
         super().__init__()
         self.configure_measurement(sensors, backend, interval_s)
+        self.extra_sensors = checked_extra_sensors(extra_sensors, sensors)
         self.check_flags(log_power_figure=log_power_figure, write_trace=write_trace, verbose=verbose,
                          cuda_events=cuda_events, telemetry=telemetry)
         self.log_power_figure, self.write_trace, self.verbose = log_power_figure, write_trace, verbose
@@ -108,8 +123,9 @@ class EnergyCallback(MeteredCallback):
 
     @property
     def sensors_in_use(self) -> list[Sensor]:
-        """The sensors this rank reads during the current run (empty outside a run)."""
-        return list(self.attachment.sensors) if self.attachment is not None else []
+        """The sensors this rank reads during the current run, node-scope ones last (empty outside a run)."""
+        attachment = self.attachment
+        return [*attachment.sensors, *attachment.node_sensors] if attachment is not None else []
 
     @property
     def state_key(self) -> str:
@@ -130,6 +146,7 @@ class EnergyCallback(MeteredCallback):
         continues = stage == "fit" and self._final_trainer is not None and self._final_trainer() is trainer
         self._resumed = dict(self._final_state) if continues else {}
         attachment = self.attach(trainer, self._user_sensors, self.backend, self.interval_s, self.cuda_events)
+        self._add_extra_sensors(trainer, attachment)
         log_dir = Path(trainer.log_dir or trainer.default_root_dir)  # trainer.log_dir is collective
         self._fits += stage == "fit"
         suffix = trace_suffix(trainer.global_rank, self._fits if stage == "fit" else 1)
@@ -153,6 +170,22 @@ class EnergyCallback(MeteredCallback):
             rank_zero_warn("EnergyCallback: `Trainer(barebones=True)` has no logger, so no step or epoch figure is "
                            "logged; the end-of-fit report (`callback.report`, energy_report.json) and the trace are "
                            "still written.")
+
+    def _add_extra_sensors(self, trainer: Trainer, attachment) -> None:
+        """``extra_sensors`` beside the shared auto-detected ones (host and node scope on local rank 0 only);
+        a node sensor given here stands in for those the environment configures."""
+        extra = [s for s in self.extra_sensors if s.scope == "device" or trainer.local_rank == 0]
+        if any(s.scope == "node" for s in extra):
+            for sensor in [s for s in attachment.node_sensors if s not in extra]:
+                attachment.node_sensors.remove(sensor)  # the sampler still holds it until this run ends
+        notes = len(attachment.notes)
+        attachment.session.add_sensors(attachment, [s for s in extra if s not in attachment.sensors])
+        for note in attachment.notes[notes:]:
+            rank_zero_warn(note)
+
+    def _log_node_metrics(self, trainer: Trainer) -> None:
+        for step, metrics in self._recorder.node_metrics():
+            self.log_metrics(trainer, metrics, step)
 
     @override
     def release(self, trainer: Trainer, stage: str | None, exception: BaseException | None) -> None:
@@ -233,6 +266,7 @@ class EnergyCallback(MeteredCallback):
         zeus_J = self._zeus.take(figures.epoch) if self._zeus is not None else None
         row, metrics = self._recorder.epoch_measured(figures, zeus_J)
         self.log_metrics(trainer, metrics, figures.step)
+        self._log_node_metrics(trainer)
         self._show_total(trainer, row["total_J"])
         self.last_epoch_end_s = figures.end_s
         if self._tb is not None:
@@ -266,6 +300,7 @@ class EnergyCallback(MeteredCallback):
         notes = [*self.attachment.notes, *getattr(self._tb, "notes", [])]
         drawn = {"power_figures": self._tb.figure_summary()} if self._tb is not None and self.log_power_figure else {}
         report = recorder.finish(end, notes, sections, extra=drawn)  # collective
+        self._log_node_metrics(trainer)  # the last epochs' node figures, settled by finish
         if report is None:  # not rank zero
             return
         self.report = report

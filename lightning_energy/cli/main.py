@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "bso-server": "lightning_energy.cli.commands.bso_server",
     "restore-power-limit": "lightning_energy.cli.commands.restore_power_limit",
     "monitor": "lightning_energy.cli.commands.monitor",
+    "validate": "lightning_energy.cli.commands.validate",
 }
 
 

@@ -17,6 +17,10 @@ another; the public contract:
 - ``energy/epoch_between_steps_J``: the epoch's energy outside the steps (data loading, hooks).
 - ``energy/val_epoch_J``, ``power/val_epoch_W``, ``time/val_epoch_s``; ``energy/test_epoch_J``, ...;
   ``energy/predict_J``, ``power/predict_W``, ``time/predict_s``: validation, test and predict loops.
+- with a node sensor (scope ``"node"``: Redfish, IPMI DCMI), on a single-node run: ``energy/node/epoch_J``,
+  ``power/node/epoch_W`` (the whole node over the epoch's training part) and ``energy/other/epoch_J`` (the node
+  less ``energy/epoch_J``: fans, PSU losses, disks, NICs), logged at the epoch's step once the BMC's samples
+  cover the epoch (usually while the next epoch runs); multi-node runs have them in the report only.
 - with telemetry on (:mod:`lightning_energy.core.telemetry`): ``telemetry/<sensor>/step/<field>`` and
   ``telemetry/<sensor>/epoch/<field>``.
 """
@@ -81,3 +85,10 @@ def epoch_metrics(row: dict) -> dict[str, float]:
     if "zeus_J" in row:
         metrics["energy/zeus_epoch_J"] = row["zeus_J"]
     return metrics
+
+
+def node_epoch_metrics(node_J: float, components_J: float, duration_s: float) -> dict[str, float]:
+    """A training epoch's whole-node metrics: the node's energy and mean power, and the rest (the node less
+    the component sensors' ``energy/epoch_J``)."""
+    return {"energy/node/epoch_J": node_J, "power/node/epoch_W": _power(node_J, duration_s),
+            "energy/other/epoch_J": node_J - components_J}

@@ -15,8 +15,9 @@ import warnings
 from pathlib import Path
 
 from lightning_energy.core.collective import Collective
-from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures
-from lightning_energy.core.metrics import epoch_metrics, loop_metrics, step_metrics
+from lightning_energy.core.figures import EpochFigures, LoopFigures, StepFigures, window_bounds
+from lightning_energy.core.metrics import epoch_metrics, loop_metrics, node_epoch_metrics, step_metrics
+from lightning_energy.core.node import NodeLedger
 from lightning_energy.core.run import Attachment
 from lightning_energy.core.telemetry import TelemetryRecorder
 from lightning_energy.io import try_atomic_write_json
@@ -82,12 +83,20 @@ class RunRecorder:
         self.problem_sources: list = []  # more outputs whose ``problems`` the report lists (see output_problems)
         self._problems_warned = 0
         self.telemetry = TelemetryRecorder([]) if telemetry else None
+        # the whole node (scope "node": a BMC): off the meter's marks, measured over the same windows by a ledger
+        self.node_names = attachment.node_sensor_names
+        self.ledger = NodeLedger(self.sampler, self.node_names) if self.node_names else None
+        self._node_fit_start: Mark | None = None
+        self._node_pending: list[tuple[dict, int, list]] = []  # (epoch row, its step, its node marks)
+        self.node_epochs: dict[int, dict] = {}  # epoch -> this rank's node figures of its training part
+        self._node_metrics: list[tuple[int, dict[str, float]]] = []  # (step, metrics) ready to log
+        self.single_node = True  # every rank on this host (set by refresh_names)
         self.refresh_names()
         if self.telemetry is not None:
             self.sampler.add_listener(self.telemetry)
         self.trace: TraceWriter | None = None
         if write_trace:
-            self.trace = TraceWriter(self.log_dir, self.names, trace_suffix, warn=False)
+            self.trace = TraceWriter(self.log_dir, self.names + self.node_names, trace_suffix, warn=False)
             self.sampler.add_listener(self.trace)
             self.sampler.await_coverage(self.names)  # the trace's first row comes before the fit's start mark
 
@@ -102,7 +111,9 @@ class RunRecorder:
     def refresh_names(self) -> None:
         """This rank's sensor names and every rank's (the session may add sensors at train start). Collective."""
         self.names = self.attachment.sensor_names
-        self.all_names = sorted({n for rank in self.collective.gather(self.names) for n in rank})
+        gathered = self.collective.gather((self.names, socket.gethostname()))
+        self.all_names = sorted({n for names, _ in gathered for n in names})
+        self.single_node = len({host for _, host in gathered}) == 1
         if self.telemetry is not None:
             self.telemetry.sensor_names = set(self.names)
 
@@ -149,6 +160,8 @@ class RunRecorder:
         self.train_J += figures.total_J
         row = epoch_row(figures, self.resumed_total_J, zeus_J)
         self.epochs.append(row)
+        if self.ledger is not None:
+            self._mark_node_epoch(figures, row)
         self.event("epoch_start", figures.start_s, epoch=figures.epoch)
         self.event("epoch_end", figures.end_s, epoch=figures.epoch)
         metrics = epoch_metrics(row)
@@ -159,12 +172,98 @@ class RunRecorder:
                 metrics.update(part)
         return row, metrics
 
+    # ---------------------------------------------------------------- the whole node
+    def _ensure_node_fit_start(self) -> Mark | None:
+        start = self.timeline.fit_start
+        if self._node_fit_start is None and start is not None and start.t is not None:
+            self._node_fit_start = self.ledger.at(start.t)
+        return self._node_fit_start
+
+    def _mark_node_epoch(self, figures: EpochFigures, row: dict) -> None:
+        """Node marks at the epoch's (common) start and end and around its validation loops (no lock)."""
+        self._ensure_node_fit_start()
+        loops = sorted((loop.start_s, loop.end_s) for loop in figures.validation)
+        marks = [self.ledger.at(figures.start_s)]
+        for a, b in loops:
+            marks += [self.ledger.at(a), self.ledger.at(b)]
+        marks.append(self.ledger.at(figures.end_s))
+        self._node_pending.append((row, figures.step, marks))
+        self.settle_node_epochs()
+
+    def settle_node_epochs(self) -> None:
+        """Take the node figures of the epochs whose node marks resolved (in order; never waits): into
+        :attr:`node_epochs` and, on rank zero of a single-node run, the metrics :meth:`node_metrics` hands out."""
+        while self._node_pending and all(m.resolved for m in self._node_pending[0][2]):
+            row, step, marks = self._node_pending.pop(0)
+            whole = self.ledger.window(marks[0], marks[-1])
+            loops = [self.ledger.window(a, b) for a, b in zip(marks[1:-1:2], marks[2:-1:2])]
+            energy = {n: j - sum(loop["energy_J"].get(n, 0.0) for loop in loops) for n, j in whole["energy_J"].items()}
+            missing = sorted(set(whole["missing"]).union(*(loop["missing"] for loop in loops)))
+            figures = {"energy_J": energy, "missing": missing, "duration_s": row["train_s"]}
+            self.node_epochs[row["epoch"]] = figures
+            primary = self._primary_node_J(energy, missing)
+            if primary is not None and self.collective.is_zero and self.single_node:
+                self._node_metrics.append((step, node_epoch_metrics(primary, row["train_J"], row["train_s"])))
+
+    def _primary_node_J(self, energy: dict[str, float], missing) -> float | None:
+        """The node's figure: its first node sensor that covers the window (a second one is a cross-check)."""
+        return next((energy[n] for n in self.node_names if n in energy and n not in missing), None)
+
+    def node_metrics(self) -> list[tuple[int, dict[str, float]]]:
+        """The node metrics ready to log, each with the step of its epoch (``energy/node/epoch_J``,
+        ``energy/other/epoch_J``, ``power/node/epoch_W``: rank zero of a single-node run; a BMC's figures come
+        one refresh after the epoch's end, so usually with the next epoch). Taken once."""
+        if self.ledger is not None:
+            self.settle_node_epochs()
+        ready, self._node_metrics = self._node_metrics, []
+        return ready
+
+    def finish_node(self, end: Mark) -> Mark | None:
+        """At the run's end (training thread): wait, bounded, for the node's samples to cover ``end``, and
+        settle every epoch's node figures. The node mark at the end (None without node sensors)."""
+        if self.ledger is None or end.t is None or self._ensure_node_fit_start() is None:
+            return None
+        node_end = self.ledger.at(end.t)
+        self.ledger.wait(node_end)
+        self.settle_node_epochs()
+        return node_end
+
+    def _node_summary(self, node_end: Mark | None) -> list[dict]:
+        """This rank's node sensors over the run (energy J, mean W, bound J, failures)."""
+        entries = []
+        start = self._node_fit_start
+        window = self.ledger.window(start, node_end) if node_end is not None and start is not None else None
+        duration_s = node_end.t - start.t if window is not None else 0.0
+        series = self.sampler.series
+        for sensor in self.attachment.node_sensors:
+            s = series.get(sensor.name)
+            joules = window["energy_J"].get(sensor.name) if window is not None else None
+            bound = window["bounds_J"].get(sensor.name) if window is not None else None
+            missing_from_s = None
+            if s is None or joules is None:
+                missing_from_s = 0.0
+            elif s.failure is not None and start is not None:
+                missing_from_s = max((s.last_time_s if s.last_time_s is not None else start.t) - start.t, 0.0)
+            entries.append({
+                **sensor.describe(),
+                "rank": self.collective.rank,
+                "energy_J": joules,
+                "mean_power_W": joules / duration_s if joules is not None and duration_s > 0 else None,
+                "bound_J": bound if bound is not None and math.isfinite(bound) else None,
+                # False: extrapolated past its last sample at the end, or frozen at a failure
+                "covers_run": bool(window is not None and joules is not None and sensor.name not in window["missing"]),
+                "failure": s.failure if s is not None else "not sampled",
+                "missing_from_s": missing_from_s,
+                "read_errors": self.sampler.read_error_counts.get(sensor.name, 0),
+            })
+        return entries
+
     # ---------------------------------------------------------------- failures
     def warn_failures(self) -> None:
         """Warn once per failed sensor of this recorder, and once per failed meter, clock, listener or
         sampling thread, on the rank where it failed."""
         failures = self.sampler.failures
-        mine = set(self.names)
+        mine = set(self.names) | set(self.node_names)
         fit_start = self.timeline.fit_start
         rank = self.collective.rank
         for failure in list(failures)[self._failures_seen:]:
@@ -209,9 +308,12 @@ class RunRecorder:
         return state
 
     # ---------------------------------------------------------------- the report
-    def rank_summary(self, start: Mark, end: Mark) -> dict:
-        """This rank's part of the report: each sensor's energy over ``start``..``end``, failures, shaping."""
+    def rank_summary(self, start: Mark, end: Mark, node_end: Mark | None = None) -> dict:
+        """This rank's part of the report: each sensor's energy over ``start``..``end``, failures, shaping;
+        its node sensors' (scope ``"node"``) up to ``node_end`` (see :meth:`finish_node`) apart, with their
+        figures per epoch."""
         fit = measure(start, end)
+        bounds = window_bounds(start, end, [sensor.name for sensor in self.attachment.sensors])
         sensors = []
         series = self.sampler.series
         for sensor in self.attachment.sensors:
@@ -227,6 +329,8 @@ class RunRecorder:
                 "rank": self.collective.rank,
                 "energy_J": joules,
                 "mean_power_W": joules / fit.duration_s if fit.duration_s > 0 else 0.0,
+                # the attribution bound of the fit's window (J; None where not finite: a sensor that failed)
+                "bound_J": bounds[sensor.name] if math.isfinite(bounds[sensor.name]) else None,
                 "failure": s.failure if s is not None else "not sampled",
                 "missing_from_s": missing_from_s,
                 # counters with a power reading: whether the power readings shaped the steps' figures, or
@@ -241,6 +345,9 @@ class RunRecorder:
             "train_J": self.train_J,
             "validation_J": self.validation_J,
             "sensors": sensors,
+            **({"node_sensors": self._node_summary(node_end),
+                "node_epochs": {str(epoch): figures for epoch, figures in self.node_epochs.items()}}
+               if self.ledger is not None else {}),
         }
 
     def sampling_section(self) -> dict:
@@ -250,7 +357,7 @@ class RunRecorder:
         The trace ends its rows here (:meth:`TraceWriter.end_rows`): ``trace_rows`` is the row count of the
         trace file (None without one, or when it failed), and every row is one of the ``samples`` (a tick
         that read nothing writes no row)."""
-        sampler, names = self.sampler, self.names
+        sampler, names = self.sampler, self.names + self.node_names
         trace_rows = self.trace.end_rows() if self.trace is not None and not self.trace.failed else None
         return {
             "interval_s": sampler.interval_s,
@@ -270,7 +377,8 @@ class RunRecorder:
                extra: dict | None = None) -> dict | None:
         """The report of the run from the fit's start to ``end`` (every rank's summary gathered: collective);
         on rank zero built and returned (else None). ``extra``: more top-level entries (e.g. ``command``)."""
-        summaries = self.collective.gather(self.rank_summary(self.timeline.fit_start, end))
+        node_end = self.finish_node(end)  # this rank's node sensors (local rank 0): a bounded wait
+        summaries = self.collective.gather(self.rank_summary(self.timeline.fit_start, end, node_end))
         if not self.collective.is_zero:
             return None
         report_extra = {
@@ -315,6 +423,8 @@ class RunRecorder:
         """Stop the trace (the path of the trace file, None without one)."""
         if self.telemetry is not None:
             self.sampler.remove_listener(self.telemetry)
+        if self.ledger is not None:
+            self.ledger.close()
         if self.trace is None:
             return None
         self.sampler.remove_listener(self.trace)

@@ -19,7 +19,7 @@ from lightning_energy.core.timeline import Timeline
 from lightning_energy.measure.meter import Meter
 from lightning_energy.extras import check_installed
 from lightning_energy.measure.sampler import MIN_INTERVAL_S, Sampler
-from lightning_energy.measure.sensors.base import Sensor, validate_sensors
+from lightning_energy.measure.sensors.base import SHARED_SCOPES, Sensor, validate_sensors
 from lightning_energy.measure.sensors.detect import BACKENDS, default_sensors, zeus_sensors
 
 
@@ -42,18 +42,51 @@ def checked_interval(interval_s) -> float:
     return float(interval_s)
 
 
-def sensors_for_rank(cuda_index: int | None, read_host: bool, sensors: list[Sensor] | None = None,
-                     backend: str = "auto"):
-    """(sensors, notes, zeus backend) for one rank: the given ``sensors`` (host-scope ones only where
-    ``read_host``: local rank 0), else detected by ``backend`` for CUDA device ``cuda_index`` (None: no
-    CUDA device) and, where ``read_host``, the host."""
+def checked_extra_sensors(extra_sensors, sensors=None) -> list[Sensor]:
+    """The ``extra_sensors`` argument of every front end: sensors read beside the auto-detected ones (a node
+    sensor, a PDU), validated before anything runs; not with ``sensors`` (list them there instead)."""
+    if extra_sensors is None:
+        return []
     if sensors is not None:
-        return [s for s in sensors if s.scope == "device" or read_host], [], None
+        raise ValueError("`extra_sensors` adds to the auto-detected sensors; with `sensors` given, list them all "
+                         "in `sensors`")
+    return validate_sensors(extra_sensors, "extra_sensors")
+
+
+def sensors_for_rank(cuda_index: int | None, read_host: bool, sensors: list[Sensor] | None = None,
+                     backend: str = "auto", extra_sensors: list[Sensor] | None = None, environ=None):
+    """(sensors, notes, zeus backend) for one rank: the given ``sensors`` (host- and node-scope ones only
+    where ``read_host``: local rank 0), else detected by ``backend`` for CUDA device ``cuda_index`` (None: no
+    CUDA device) and, where ``read_host``, the host, plus ``extra_sensors`` (same rule) and the node sensors
+    the environment configures (``LIGHTNING_ENERGY_REDFISH_URL``, ``LIGHTNING_ENERGY_IPMI``...: see
+    :mod:`lightning_energy.measure.sensors.node_config`; not when ``extra_sensors`` holds a node sensor, nor
+    with ``sensors`` given). ``environ``: where the settings are read (default ``os.environ``)."""
+    if sensors is not None:
+        return _for_this_rank(sensors, read_host), [], None
+    extra = _for_this_rank(extra_sensors or [], read_host)
     if backend == "zeus":
         found, zeus = zeus_sensors(cuda_index, read_host)
-        return found, [], zeus
-    found, notes = default_sensors(cuda_index, read_host)
-    return found, notes, None
+        notes = []
+    else:
+        (found, notes), zeus = default_sensors(cuda_index, read_host), None
+    found = list(found)
+    if read_host and not any(s.scope == "node" for s in extra):
+        from lightning_energy.measure.sensors.node_config import node_sensors_from_env
+
+        node, node_notes = node_sensors_from_env(environ)
+        found.extend(node)
+        notes = [*notes, *node_notes]
+    taken = {s.name for s in found}
+    for sensor in extra:
+        if sensor.name in taken:
+            raise ValueError(f"`extra_sensors` holds a sensor named {sensor.name!r}, the name of an auto-detected "
+                             "sensor; give it another name")
+    return [*found, *extra], notes, zeus
+
+
+def _for_this_rank(sensors: list[Sensor], read_host: bool) -> list[Sensor]:
+    """Device-scope sensors on every rank; host- and node-scope ones on local rank 0 (``read_host``) only."""
+    return [s for s in sensors if s.scope not in SHARED_SCOPES or read_host]
 
 
 @dataclass(eq=False)
@@ -66,10 +99,19 @@ class Attachment:
     notes: list[str] = field(default_factory=list)  # one-time warnings about what could not be measured
     zeus: object = None  # the ZeusBackend when backend="zeus"
     auto: bool = False  # its sensors were auto-detected (backend "auto"): the session may add to them
+    # scope "node" (the whole node: a BMC): read by the sampler, never on the meter's marks (they would wait a
+    # BMC's second) nor in ``sensors`` (they contain them); the session moves them here when it adds the attachment
+    node_sensors: list[Sensor] = field(default_factory=list)
+    interval_s: float | None = None  # the sampling interval it asked for (set when added)
 
     @property
     def sensor_names(self) -> list[str]:
+        """The component sensors' names: every figure of the meter's marks sums these."""
         return [s.name for s in self.sensors]
+
+    @property
+    def node_sensor_names(self) -> list[str]:
+        return [s.name for s in self.node_sensors]
 
     @property
     def timeline(self):
@@ -105,17 +147,36 @@ class RunSession:
 
     def add(self, attachment: Attachment, interval_s: float) -> None:
         """Acquire ``attachment``'s sensors on the sampler (those that cannot be opened are dropped, with a
-        note) and add them to the meter."""
-        names = self.sampler.acquire(attachment, attachment.sensors, interval_s)
-        dropped = [s for s in attachment.sensors if s.name not in names]
-        attachment.sensors = [s for s in attachment.sensors if s.name in names]
-        for sensor in dropped:
-            attachment.notes.append(next((line for line in self.sampler.open_failures if repr(sensor.name) in line),
-                                         f"sensor {sensor.name!r} could not be opened and is not measured"))
-        for name in names:
-            if name not in self.meter.sensor_names:
-                self.meter.sensor_names.append(name)
+        note) and add them to the meter; node-scope sensors go to ``attachment.node_sensors``, off the meter."""
+        given, attachment.sensors = attachment.sensors, []
+        attachment.interval_s = interval_s
+        self._acquire(attachment, given, interval_s)
         self.attachments[id(attachment.owner)] = attachment
+
+    def add_sensors(self, attachment: Attachment, sensors: list[Sensor]) -> list[Sensor]:
+        """Acquire more sensors for an attached ``attachment`` (a front end's ``extra_sensors`` beside the
+        shared auto-detected ones), before its run's first mark; the sensors opened."""
+        return self._acquire(attachment, sensors, attachment.interval_s or self.sampler.interval_s)
+
+    def _acquire(self, attachment: Attachment, sensors: list[Sensor], interval_s: float) -> list[Sensor]:
+        held = [*attachment.sensors, *attachment.node_sensors]
+        names = self.sampler.acquire(attachment, [*held, *(s for s in sensors if s not in held)], interval_s)
+        opened = [s for s in sensors if s.name in names]
+        for sensor in sensors:
+            if sensor.name not in names:
+                attachment.notes.append(next((line for line in self.sampler.open_failures
+                                              if repr(sensor.name) in line),
+                                             f"sensor {sensor.name!r} could not be opened and is not measured"))
+        for sensor in opened:
+            if sensor.scope == "node":
+                if sensor not in attachment.node_sensors:
+                    attachment.node_sensors.append(sensor)
+                continue
+            if sensor not in attachment.sensors:
+                attachment.sensors.append(sensor)
+            if sensor.name not in self.meter.sensor_names:
+                self.meter.sensor_names.append(sensor.name)
+        return opened
 
     def measure_from_now(self, sensors: list[Sensor], attachments: list[Attachment]) -> list[Sensor]:
         """Acquire ``sensors`` for the session (held until it closes) and add them to ``attachments`` and the
@@ -123,7 +184,7 @@ class RunSession:
         if not sensors:
             return []
         names = self.sampler.acquire(self._late_owner, sensors, self.sampler.interval_s)  # waits for a first point
-        opened = [s for s in sensors if s.name in names]
+        opened = [s for s in sensors if s.name in names and s.scope != "node"]
         with self.sampler._lock:  # the sampling thread resolves marks under it
             for sensor in opened:
                 if sensor.name not in self.meter.sensor_names:

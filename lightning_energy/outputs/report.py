@@ -30,7 +30,64 @@ def _count_each_card_once(rank_summaries: list[dict]) -> None:
         for sensor in summary["sensors"]:
             if (rank, sensor["name"]) in skip:
                 sensor["counted"] = False
-                sensor["note"] = "the same card as a lower rank's sensor (by UUID): counted there, not here"
+                sensor["note"] = ("an estimated share of a card counted whole by another sensor: listed, not summed"
+                                  if "split" in sensor else
+                                  "the same card as a lower rank's sensor (by UUID): counted there, not here")
+
+
+def node_section(rank_summaries: list[dict], epochs: list[dict]) -> dict | None:
+    """The report's ``node`` entry (None without node sensors): per host, the node's energy (its first node
+    sensor covering the run; others are listed as cross-checks), the sum of the counted component sensors of
+    the ranks on it, and the rest (``other_J``), each with its provenance; then the sums over the hosts that
+    have a node figure, and those that have none. Fills each epoch row's ``node_J`` and ``node_other_J`` (the
+    training part; only when every host has its node figure for that epoch)."""
+    from lightning_energy.core.node import OTHER_LABEL, node_split
+
+    if not any(summary.get("node_sensors") for summary in rank_summaries):
+        return None
+    hosts = list(dict.fromkeys(summary.get("node", "?") for summary in rank_summaries))
+    entries = []
+    for host in hosts:
+        here = [summary for summary in rank_summaries if summary.get("node", "?") == host]
+        components = [s for summary in here for s in summary["sensors"] if s.get("counted", True)]
+        node_sensors = [s for summary in here for s in summary.get("node_sensors", [])]
+        primary = next((s for s in node_sensors if s.get("energy_J") is not None and s.get("covers_run")),
+                       next((s for s in node_sensors if s.get("energy_J") is not None), None))
+        split = node_split(primary["energy_J"] if primary else None, of_entry(primary) if primary else MEASURED,
+                           sum(s["energy_J"] for s in components), combine(of_entry(s) for s in components))
+        entries.append({"host": host, **split, "node_sensor": primary["name"] if primary else None,
+                        "node_bound_J": primary.get("bound_J") if primary else None,
+                        "node_covers_run": bool(primary and primary.get("covers_run")),
+                        "sensors": node_sensors})
+    covered = [e for e in entries if e["node_J"] is not None]
+    totals = node_split(sum(e["node_J"] for e in covered) if covered else None,
+                        combine(e["node_provenance"] for e in covered),
+                        sum(e["components_J"] for e in covered), combine(e["components_provenance"] for e in covered))
+    for row in epochs:
+        per_host = []
+        for host in hosts:
+            value = None
+            for summary in rank_summaries:
+                figures = summary.get("node_epochs", {}).get(str(row.get("epoch")))
+                if summary.get("node", "?") != host or not figures:
+                    continue
+                names = [s["name"] for s in summary.get("node_sensors", [])]
+                value = next((figures["energy_J"][n] for n in names
+                              if n in figures["energy_J"] and n not in figures["missing"]), None)
+                if value is not None:
+                    break
+            per_host.append(value)
+        if per_host and all(v is not None for v in per_host):
+            row["node_J"] = sum(per_host)
+            row["node_other_J"] = row["node_J"] - row["train_J"]
+    return {"label": OTHER_LABEL, **totals, "hosts": entries,
+            "hosts_without_node_figure": [e["host"] for e in entries if e["node_J"] is None]}
+
+
+def _summed_bound(sensors: list[dict]) -> float | None:
+    """The sum of ``sensors``' ``bound_J`` (J); None when one is unknown."""
+    bounds = [s.get("bound_J") for s in sensors]
+    return None if any(b is None for b in bounds) else float(sum(bounds))
 
 
 def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) -> dict:
@@ -38,6 +95,8 @@ def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) ->
 
     A sensor reading a card a lower rank reads too is listed (``counted: False``) but not summed. A summary's
     ``train_J`` and ``validation_J`` are all-rank figures (the same on every rank): taken from the first.
+    Node sensors (scope ``"node"``, a summary's ``node_sensors``) are never in ``sensors`` nor the totals
+    (they contain the components): the ``node`` entry (:func:`node_section`) holds them.
     """
     _count_each_card_once(rank_summaries)
     sensors = [s for summary in rank_summaries for s in summary["sensors"]]
@@ -56,6 +115,9 @@ def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) ->
         "duration_s": duration_s,
         "total_J": total_J,
         "total_kWh": total_J / J_PER_KWH,
+        # the attribution bound of total_J over this run (J; its resumed earlier part not included): how far the
+        # samples leave open where the fit's start and end fall; None when a sensor's is unknown (failed)
+        "bound_J": _summed_bound(counted),
         "train_J": train_J,
         "validation_J": validation_J,
         "other_J": total_J - train_J - validation_J,
@@ -70,6 +132,7 @@ def build_report(rank_summaries: list[dict], epochs: list[dict], extra: dict) ->
         "sensors": sensors,
         "epochs": epochs,
         "ranks": rank_summaries,
+        "node": node_section(rank_summaries, epochs),
         **{k: v for k, v in extra.items() if not k.startswith("resumed_")},
         "resumed": {k[len("resumed_"):]: v for k, v in extra.items() if k.startswith("resumed_")} or None,
     }
@@ -106,10 +169,16 @@ def format_report(report: dict) -> str:
     if report.get("simulated_J"):
         lines.append(f"note: {report['simulated_J']:.2f} J of the total is SIMULATED (a programmed power trace or a "
                      "simulated GPU), not a measurement")
+    for sensor in report["sensors"]:
+        shared = sensor.get("shared") or {}
+        if shared.get("shared"):
+            lines.append(f"note: sensor {sensor['name']} (rank {sensor['rank']}) reads a card shared with up to "
+                         f"{shared.get('other_processes_max', '?')} other process(es): its energy includes theirs")
     figures = report.get("power_figures")
     if isinstance(figures, dict) and "drawn" in figures:
         lines.append(f"power figures in TensorBoard: {figures['drawn']} of {figures.get('epochs', '?')} epoch(s) "
                      f"({figures.get('rule', 'rule not recorded')})")
+    lines.extend(_node_lines(report.get("node")))
     if report.get("sections"):
         lines.append(f"sections in the JSON report: {', '.join(sorted(report['sections']))}")
     for s in report["sensors"]:
@@ -122,3 +191,43 @@ def format_report(report: dict) -> str:
     if gaps:
         lines.append(f"note: epoch(s) {', '.join(gaps)} lack some sensors' figures (see missing_sensors in the JSON)")
     return "\n".join(lines)
+
+
+def _joules(value: float, provenance: str) -> str:
+    return tagged(f"{value:.1f} J", provenance)
+
+
+def _node_lines(node: dict | None) -> list[str]:
+    """The console lines of the report's ``node`` entry: per host, node = components + other, labelled."""
+    if not isinstance(node, dict):
+        return []
+    lines = []
+    for host in node.get("hosts", []):
+        name = host["host"]
+        for sensor in host.get("sensors", []):
+            if sensor.get("failure"):
+                since = sensor.get("missing_from_s") or 0.0
+                lines.append(f"note: node sensor {sensor['name']} on {name} failed: {sensor['failure']}; its figures "
+                             f"are missing from {since:.2f} s after fit start (energy up to then is kept)")
+        if host.get("node_J") is None:
+            lines.append(f"node {name}: no node figure (its node sensor did not cover the run: see notes)")
+            continue
+        bound = host.get("node_bound_J")
+        lines.append(
+            f"node {name}: {_joules(host['node_J'], host['node_provenance'])} from {host['node_sensor']}"
+            + (f" (bound {bound:.1f} J)" if bound is not None else "")
+            + f" = components {_joules(host['components_J'], host['components_provenance'])}"
+            + f" + other {_joules(host['other_J'], host['other_provenance'])}"
+            + ("" if host.get("node_covers_run") else " [the node figure is extrapolated or cut short: see its sensor]"))
+        if host["other_J"] < 0:
+            lines.append(f"note: on {name} the component sensors sum to more than the node's reading: a lagging or "
+                         "partial node reading, or an estimate that is too high")
+    if len(node.get("hosts", [])) > 1 and node.get("node_J") is not None:
+        lines.append(f"nodes: {_joules(node['node_J'], node['node_provenance'])} = components "
+                     f"{_joules(node['components_J'], node['components_provenance'])} + other "
+                     f"{_joules(node['other_J'], node['other_provenance'])}")
+    if node.get("hosts_without_node_figure"):
+        lines.append(f"note: no node figure for {', '.join(node['hosts_without_node_figure'])}: the node totals "
+                     "cover the other hosts only")
+    lines.append(f"({node.get('label', '')})")
+    return lines

@@ -24,7 +24,7 @@ import time
 from lightning_energy.extras import install_command, is_installed
 from lightning_energy.integration.lightning_internals import (
     set_writes_default_hp_metric, summary_file_writer, writes_default_hp_metric)
-from lightning_energy.outputs.worker import DEFAULT_CLOSE_TIMEOUT_S, OutputWorker, describe_error
+from lightning_energy.outputs.worker import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_MAX_PENDING, OutputWorker, describe_error
 from lightning_energy.provenance import UNKNOWN, combine, word
 from lightning_energy.measure.sampler import Reading
 
@@ -40,6 +40,13 @@ FLUSH_INTERVAL_S = 1.0  # writers flushed at most this often when there is no fi
 FIGURE_BUDGET = 0.01
 #: The first epochs (with enough samples) that always get a power figure: a short run gets one per epoch
 ALWAYS_DRAWN_EPOCHS = 3
+#: Guaranteed figures (the first three, the most expensive so far) that did not fit the drawing budget when their
+#: epoch ended wait for the end of the fit, holding their epoch's points; at most this many wait (the oldest most
+#: expensive one gives way first; the first three never do)
+MAX_DEFERRED_FIGURES = 8
+#: Fixed margins of the power figure (fractions of its size): matplotlib's tight_layout measured every tick label
+#: anew for each figure, about a third of the figure's drawing time
+FIGURE_MARGINS = {"left": 0.11, "right": 0.98, "bottom": 0.16, "top": 0.9}
 #: How the epochs that get a power figure are chosen, in words (the report's ``power_figures["rule"]``)
 FIGURE_RULE = (f"the first {ALWAYS_DRAWN_EPOCHS}, the last and each most expensive epoch so far; others while "
                "drawing takes under {budget}")
@@ -114,6 +121,12 @@ class TensorBoardExtras:
     :data:`MIN_FIGURE_SAMPLES` samples get none. :meth:`figure_summary` says how many were drawn (the report's
     ``power_figures``).
 
+    When they are drawn: the run's first figure at once; every other one at once only while drawing stays within
+    ``figure_budget``, else at :meth:`close` (at most :data:`MAX_DEFERRED_FIGURES` wait), in epoch order. The
+    drawing thread shares the interpreter lock and, on a small machine, the cores with training: a figure takes
+    about 0.1 s of CPU and the first one about 0.8 s more (importing matplotlib), so drawing one per short epoch
+    slowed a run of 0.6-s epochs by about 20 % (``benchmarks/baler_speed.py``, section ``components``).
+
     Args:
         writers: ``SummaryWriter``-like objects (``add_custom_scalars``, ``add_image``, ``flush``).
         worker: the background worker (default: a new one, started on the first epoch end).
@@ -133,7 +146,8 @@ class TensorBoardExtras:
         check_figure_budget(figure_budget)
         self.writers = list(writers)
         self.layout_written = False
-        self.worker = worker if worker is not None else OutputWorker("lightning-energy-tensorboard", warn=warn)
+        self.worker = worker if worker is not None else OutputWorker(
+            "lightning-energy-tensorboard", max_pending=DEFAULT_MAX_PENDING + MAX_DEFERRED_FIGURES, warn=warn)
         self.figure_budget = figure_budget
         self.clock = clock
         self.figures_drawn = 0
@@ -142,6 +156,8 @@ class TensorBoardExtras:
         self._epochs_pictured = 0  # epochs with enough samples for a figure (drawn or not)
         self._most_energy_J = -math.inf  # the most energy (J) of an epoch so far
         self._held: tuple | None = None  # (points, epoch) of the latest epoch without a figure: drawn if it is the last
+        self._deferred: dict[int, tuple] = {}  # epoch -> (points, reason): guaranteed figures drawn at close
+        self._figures_queued = 0  # figure jobs handed to the worker (drawn or not yet)
         self.notes: list[str] = []  # what is left out by design (not a fault): skipped figures
         self.figures_too_short = 0  # epochs with fewer than MIN_FIGURE_SAMPLES samples: no figure
         self._last_flush = -math.inf
@@ -221,13 +237,17 @@ class TensorBoardExtras:
             self.figures_too_short += 1  # a few samples make no picture (one-batch epochs of milliseconds)
         elif power_points:
             reason = self._figure_reason(power_points, energy_J, now)
-            if reason is not None:  # a figure the rule guarantees is never replaced by a later one before drawn
+            if reason is not None and reason != "budget" and not self._draws_now(now):
+                self._defer(power_points, epoch, reason)  # guaranteed, but over the budget now: drawn at close
+            elif reason is not None:  # a figure the rule guarantees is never replaced by a later one before drawn
+                self._figures_queued += 1
                 worker.submit(self._write_figure, power_points, epoch, what="power figure",
                               key="power figure" if reason == "budget" else None)
                 self._last_flush = now
                 return  # the figure job flushes
-            self.figures_skipped += 1
-            self._held = (power_points, epoch)  # drawn at close if no later epoch comes
+            else:
+                self.figures_skipped += 1
+                self._held = (power_points, epoch)  # drawn at close if no later epoch comes
         if now - self._last_flush >= FLUSH_INTERVAL_S:  # short epochs: at most one flush a second
             self._last_flush = now
             worker.submit(self._flush, what="TensorBoard flush", key="flush")
@@ -244,6 +264,23 @@ class TensorBoardExtras:
         if most_expensive:
             return "most expensive"
         return "budget" if self._within_budget(now) else None
+
+    def _draws_now(self, now: float) -> bool:
+        """Whether a guaranteed figure is drawn at once: the run's first one, else while within the budget and
+        no figure is still waiting to be drawn."""
+        if self._figures_queued == 0:
+            return True
+        return self._within_budget(now) and (self.figure_budget is None or self.worker.pending() == 0)
+
+    def _defer(self, points, epoch: int, reason: str) -> None:
+        """Keep a guaranteed figure's points for :meth:`close`; beyond :data:`MAX_DEFERRED_FIGURES` the oldest
+        "most expensive so far" one is given up (a later epoch used more energy)."""
+        self._deferred[epoch] = (points, reason)
+        if len(self._deferred) > MAX_DEFERRED_FIGURES:
+            oldest = next((e for e, (_, why) in self._deferred.items() if why != "early"), None)
+            if oldest is not None:
+                del self._deferred[oldest]
+                self.figures_skipped += 1
 
     def _within_budget(self, now: float) -> bool:
         """Whether the time spent drawing so far (s) is under ``figure_budget`` of the time since the first
@@ -346,6 +383,9 @@ class TensorBoardExtras:
         self._hp_metric_defaults = []
         if self._closed:
             return self.worker.pending() == 0
+        deferred, self._deferred = self._deferred, {}
+        for epoch in sorted(deferred):  # guaranteed figures that waited for the end of the fit, in epoch order
+            self.worker.submit(self._write_figure, deferred[epoch][0], epoch, what="power figure")
         if self._held is not None:  # the last epoch had no figure: it always gets one
             points, epoch = self._held
             self._held = None
@@ -434,16 +474,38 @@ def report_markdown(report: dict) -> str:
                     f"{sensor['energy_J']:.2f} | {sensor.get('mean_power_W', 0.0):.2f} | "
                     f"{cell(sensor.get('provenance', ''))} |")
         sources.append(f"- **{cell(sensor['name'])}** (rank {sensor.get('rank', 0)}): {cell(sensor.get('source', ''))}")
+    for host in (report.get("node") or {}).get("hosts", []):  # the BMCs' sources (an unverified certificate says so)
+        for sensor in host.get("sensors", []):
+            sources.append(f"- **{cell(sensor['name'])}** (node {cell(host['host'])}): {cell(sensor.get('source', ''))}")
     rows.append(f"| **total** | | | **{report['total_J']:.2f}** | {report.get('mean_power_W', 0.0):.2f} | "
                 f"{cell(energy_how(report))} |")
     rows += ["", f"train {report.get('train_J', 0.0):.2f} J, validation {report.get('validation_J', 0.0):.2f} J, "
-                 f"other {report.get('other_J', 0.0):.2f} J. Sources:", "", *dict.fromkeys(sources)]
+                 f"other {report.get('other_J', 0.0):.2f} J.", *node_markdown(report.get("node"), cell),
+             "", "Sources:", "", *dict.fromkeys(sources)]
     console = format_report(report).splitlines()
     total_row = max((i for i, line in enumerate(console) if line.startswith("total ")), default=0)
     notes = [f"- {cell(line)}" for line in console[total_row + 1:] if line.strip()]
     notes = ["Notes:", "", *notes] if notes else []
     return "\n".join([f"**lightning-energy report** ({energy_how(report)}): {report['total_J']:.2f} J over "
                       f"{report['duration_s']:.2f} s", "", *rows, "", *notes])
+
+
+def node_markdown(node: dict | None, cell) -> list[str]:
+    """The report's ``node`` entry as a markdown table (none without node sensors): per host, the node's energy,
+    the sum of its component sensors and the rest, each with its provenance; the rest is labelled below it."""
+    if not node:
+        return []
+
+    def joules(value, provenance) -> str:
+        return "-" if value is None else f"{value:.2f} ({cell(provenance or '')})"
+
+    rows = ["", "| node | node (J) | components (J) | other (J) | node sensor |", "|---|---:|---:|---:|---|"]
+    for host in node.get("hosts", []):
+        rows.append(f"| {cell(host['host'])} | {joules(host['node_J'], host['node_provenance'])} | "
+                    f"{joules(host['components_J'], host['components_provenance'])} | "
+                    f"{joules(host['other_J'], host['other_provenance'])} | "
+                    f"{cell(host.get('node_sensor') or 'none covering the run')} |")
+    return [*rows, "", f"Node: the whole node's energy from its BMC, never part of the total; {cell(node['label'])}."]
 
 
 def hparam_values(params) -> dict:
@@ -505,7 +567,7 @@ def power_figure(points, epoch: int, sensor_provenance: dict[str, str] | None = 
     axes.set_title(f"epoch {epoch} power, {word(overall)}")
     if names:
         axes.legend(loc="best", fontsize="small")
-    figure.tight_layout()
+    figure.subplots_adjust(**FIGURE_MARGINS)
     return figure
 
 

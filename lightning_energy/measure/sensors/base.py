@@ -3,7 +3,10 @@
 A sensor reports either a cumulative energy counter (override :meth:`Sensor.energy_j`, joules) or an
 instantaneous power (override :meth:`Sensor.power_w`, watts, integrated by the sampler). It has a
 ``name`` (unique within a process) and a ``scope``: ``"device"`` belongs to this rank's accelerator,
-``"host"`` is shared by every rank on a node and is read by local rank 0 only.
+``"host"`` is shared by every rank on a node and is read by local rank 0 only (the CPU packages, DRAM), and
+``"node"`` is the whole node as its BMC or a wall meter sees it (Redfish, IPMI DCMI): read by local rank 0
+only, and never added to the sum of the other sensors, since it contains them; the report shows it beside
+that sum and their difference (fans, PSU losses, disks, NICs).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Literal
 
 from lightning_energy.provenance import ESTIMATED, MEASURED
 
-Scope = Literal["device", "host"]
-SCOPES = ("device", "host")
+Scope = Literal["device", "host", "node"]
+SCOPES = ("device", "host", "node")
+SHARED_SCOPES = ("host", "node")  # read once per node, by local rank 0
 
 
 class Sensor:
@@ -29,6 +33,8 @@ class Sensor:
       period; the sampler then attributes energy by interpolating between the updates it observes.
     - ``min_read_interval_s``: read this sensor at most this often (s), for sources whose value does not
       change faster; the sampler skips it on earlier ticks (but reads it when a result is waited for).
+    - ``counter_resolution_J``: for counters, the smallest step the counter moves by (J; NVML: 1 mJ); the
+      series adds it to each window's bound.
     """
 
     estimated: bool = False

@@ -1,5 +1,8 @@
 """The sensors used when the user passes none: what this rank can measure, else a labelled estimate.
 
+On a ROCm build of torch (``torch.version.hip``; torch then calls AMD GPUs ``cuda``) the GPU is read through
+amdsmi (:mod:`lightning_energy.measure.sensors.amdsmi`), elsewhere through NVML.
+
 Also what a session needs to measure every GPU once: the CUDA devices a model uses besides the root device
 (:func:`other_cuda_devices`, :func:`other_device_sensors`), and which ranks' GPU sensors to leave out of
 all-rank sums where two ranks read one card (:func:`duplicate_device_sensors`).
@@ -11,6 +14,13 @@ import itertools
 import warnings
 from pathlib import Path
 
+from lightning_energy.measure.sensors.amdsmi import (
+    AMD_GPU_UNREADABLE,
+    AmdGpu,
+    AmdSmiGpuSensor,
+    amd_gpu_of_torch_device,
+    rocm_in_use,
+)
 from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.measure.sensors.cpu_model import CpuEstimateSensor
 from lightning_energy.measure.sensors.nvml import (  # noqa: F401  (the CUDA -> NVML mapping, named here too)
@@ -27,8 +37,9 @@ from lightning_energy.measure.sensors import rapl
 from lightning_energy.measure.sensors.rapl import RaplSensor, find_rapl_zones, unreadable_rapl_message
 
 BACKENDS = ("auto", "zeus")
-# Why a GPU cannot be measured: no pynvml, NVML failing, a device we cannot name for certain, a MIG instance.
-GPU_UNREADABLE = (ImportError, NvmlError, CudaDeviceMappingError, MigDeviceError)
+# Why a GPU cannot be measured: no pynvml (amdsmi), NVML (amdsmi) failing, a device we cannot name for certain,
+# a MIG instance (an AMD compute partition).
+GPU_UNREADABLE = (ImportError, NvmlError, CudaDeviceMappingError, MigDeviceError) + AMD_GPU_UNREADABLE
 
 
 def module_counter_note(gpu: NvmlGpu) -> str:
@@ -42,20 +53,35 @@ def default_sensors(
     read_host: bool,
     powercap_root: Path | None = None,
     pynvml_module=None,
+    amdsmi_module=None,
+    rocm: bool | None = None,
 ) -> tuple[list[Sensor], list[str]]:
     """Sensors for this rank and the warnings to show once (rank zero).
 
-    ``cuda_index``: this rank's CUDA device (after CUDA_VISIBLE_DEVICES), or None on CPU.
+    ``cuda_index``: this rank's CUDA (on ROCm: HIP) device as torch numbers it, or None on CPU.
     ``read_host``: read host sensors (local rank 0 only). Not beside a Grace Hopper module in C2C mode,
     whose counter holds the Grace CPU and its memory already (a note says so).
     ``powercap_root``: where RAPL zones are looked for (default ``rapl.POWERCAP_ROOT``, read at call time).
-    ``pynvml_module``: the NVML binding (default ``import pynvml``; tests pass a fake).
+    ``pynvml_module`` / ``amdsmi_module``: the NVML / amdsmi binding (default ``import pynvml`` / ``amdsmi``;
+    tests pass fakes). ``rocm``: whether the GPU is an AMD one read through amdsmi (default: torch is a ROCm
+    build, ``torch.version.hip``, looked up only where torch is already imported).
     """
     if powercap_root is None:
         powercap_root = rapl.POWERCAP_ROOT
+    if rocm is None:
+        rocm = rocm_in_use()
     sensors: list[Sensor] = []
     notes: list[str] = []
-    if cuda_index is not None:
+    if cuda_index is not None and rocm:
+        try:
+            amd = amd_gpu_of_torch_device(cuda_index, amdsmi_module)
+        except AMD_GPU_UNREADABLE as err:
+            notes.append(f"GPU energy cannot be read through amdsmi ({type(err).__name__}: {err}); "
+                         "GPU energy is not counted.")
+        else:
+            sensors.append(AmdSmiGpuSensor(amd.amdsmi_index, amdsmi_module=amdsmi_module))
+            notes.extend(amd_gpu_notes(amd))
+    elif cuda_index is not None:
         try:
             gpu = nvml_gpu_of_cuda_device(cuda_index, pynvml_module)
         except GPU_UNREADABLE as err:
@@ -76,6 +102,18 @@ def default_sensors(
     return sensors, notes
 
 
+def amd_gpu_notes(gpu: AmdGpu) -> list[str]:
+    """The warnings, once, about an AMD GPU's figures: an MI250/MI250X GCD. (A card other processes use too is
+    warned about by its sensor, which finds it shared when it opens or later.)"""
+    notes = []
+    what = f"AMD GPU {gpu.amdsmi_index}"
+    if gpu.dual_gcd:
+        notes.append(f"{what} ({gpu.name}) is one GCD of a two-GCD package: amdsmi reports the package's power on "
+                     "one of its GCDs and 0 on the other, so this rank's GPU figure may hold its sibling's work, or "
+                     "none of its own; the sum over both GCDs is the package's.")
+    return notes
+
+
 # ------------------------------------------------------------------ several GPUs in one process
 def other_cuda_devices(module, root_device) -> list:
     """The CUDA devices (``torch.device``, by index) holding parameters or buffers of ``module`` other than
@@ -90,30 +128,44 @@ def other_cuda_devices(module, root_device) -> list:
     return [found[index] for index in sorted(found)]
 
 
-def other_device_sensors(module, root_device, pynvml_module=None) -> tuple[list[Sensor], list[str]]:
-    """NVML sensors for :func:`other_cuda_devices` of ``module``, and notes to show once: one line naming
-    those devices and their sensors, one per device that cannot be read. Nothing when the model lives on
-    the root device alone. A device on the root device's card is left out (that card is measured already)."""
+def other_device_sensors(module, root_device, pynvml_module=None, amdsmi_module=None,
+                         rocm: bool | None = None) -> tuple[list[Sensor], list[str]]:
+    """GPU sensors (NVML, or amdsmi on ROCm: ``rocm`` as in :func:`default_sensors`) for
+    :func:`other_cuda_devices` of ``module``, and notes to show once: one line naming those devices and their
+    sensors, one per device that cannot be read. Nothing when the model lives on the root device alone. A
+    device on the root device's card is left out (that card is measured already)."""
     devices = other_cuda_devices(module, root_device)
     if not devices:
         return [], []
+    if rocm is None:
+        rocm = rocm_in_use()
+    library = "amdsmi" if rocm else "NVML"
+
+    def card_index(cuda_index: int) -> int:
+        if rocm:
+            return amd_gpu_of_torch_device(cuda_index, amdsmi_module).amdsmi_index
+        return nvml_index_of_cuda_device(cuda_index, pynvml_module)
+
     root_index = None
     if root_device.type == "cuda":
         try:
-            root_index = nvml_index_of_cuda_device(root_device.index, pynvml_module)
+            root_index = card_index(root_device.index)
         except GPU_UNREADABLE:
             pass  # the root's own detection has said why
     sensors: list[Sensor] = []
+    indices: list[int] = []
     notes: list[str] = []
     for device in devices:
         try:
-            index = nvml_index_of_cuda_device(device.index, pynvml_module)
+            index = card_index(device.index)
         except GPU_UNREADABLE as err:
-            notes.append(f"{device}'s energy cannot be read through NVML ({type(err).__name__}: {err}); "
+            notes.append(f"{device}'s energy cannot be read through {library} ({type(err).__name__}: {err}); "
                          "it is not counted.")
             continue
-        if index != root_index and all(s.nvml_index != index for s in sensors):
-            sensors.append(NvmlGpuSensor(index, pynvml_module=pynvml_module))
+        if index != root_index and index not in indices:
+            indices.append(index)
+            sensors.append(AmdSmiGpuSensor(index, amdsmi_module=amdsmi_module) if rocm
+                           else NvmlGpuSensor(index, pynvml_module=pynvml_module))
     notes.insert(0, other_devices_note(root_device, devices, sensors))
     return sensors, notes
 

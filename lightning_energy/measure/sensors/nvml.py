@@ -43,6 +43,15 @@ probed once, when the sensor opens, and only "not supported" (or a driver withou
 for the power field, without that field) is taken as the answer "absent": no counter, no instant field,
 not C2C, no such telemetry. Any other error of a probe fails the open, except a telemetry query's: that
 field is kept and reads NaN while NVML fails it.
+
+Shared cards: the sensor lists the card's compute processes (``nvmlDeviceGetComputeRunningProcesses``) when it
+opens and then at most every :data:`~lightning_energy.measure.sensors.shared_gpu.PROCESS_QUERY_INTERVAL_S` on
+the sampling thread (in :meth:`NvmlGpuSensor.read_fields`, never on the training thread). A card on which
+another process computes is labelled: ``SHARED with N other processes`` before its ``source``, a ``shared``
+entry in its description, an ``other_processes`` column in the trace, and one warning (rules and limits in
+:mod:`lightning_energy.measure.sensors.shared_gpu`; an estimate of this process's part:
+:class:`~lightning_energy.measure.sensors.nvml_share.NvmlProcessShareSensor`).
+
 MIG: a MIG instance, or a GPU in MIG mode, is refused (:class:`MigDeviceError`): NVML has no
 per-instance energy, and the parent GPU's counter would count every co-tenant's work too.
 
@@ -60,9 +69,10 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.measure.sensors.shared_gpu import CardSharing
 from lightning_energy.measure.sensors.nvml_families import (
     NVML_COUNTER_UPDATE_PERIOD_S,
     ShapingFamily,
@@ -510,11 +520,25 @@ class NvmlGpuSensor(Sensor):
     :mod:`~lightning_energy.measure.sensors.nvml_families` the counter is shaped by (None: not shaped).
     Failed NVML calls raise :class:`NvmlError` subclasses; a GPU in MIG mode is refused with
     :class:`MigDeviceError`. ``pynvml_module``: the NVML binding (default: ``import pynvml`` when opened).
+
+    ``sharing`` (set by :meth:`open`): the card's other compute processes
+    (:class:`~lightning_energy.measure.sensors.shared_gpu.CardSharing`); a card found shared labels ``source``
+    and ``describe()["shared"]``. ``own_pids()``: the PIDs that are "this process" (default
+    :func:`~lightning_energy.measure.sensors.shared_gpu.own_process_ids`; a monitor passes the command's tree);
+    ``clock`` (s, default ``time.perf_counter``): what rate-limits the process listing.
     """
 
-    def __init__(self, nvml_index: int, name: str | None = None, pynvml_module=None) -> None:
+    warns_when_shared = True  # one warning when the card is first found shared (see shared_gpu.CardSharing)
+
+    def __init__(self, nvml_index: int, name: str | None = None, pynvml_module=None,
+                 own_pids: Callable[[], Iterable[int]] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self._plain_source = ""
+        self.sharing: CardSharing | None = None
         super().__init__(name or f"gpu{nvml_index}", "device")
         self.nvml_index = nvml_index
+        self._own_pids = own_pids
+        self._sharing_clock = clock or time.perf_counter
         self.device_uuid: str | None = None  # set when opened
         self.power_scope: str | None = None  # POWER_SCOPE_GPU or POWER_SCOPE_MODULE, set when opened
         self.reading: str | None = None
@@ -539,6 +563,17 @@ class NvmlGpuSensor(Sensor):
     def kind(self) -> str:
         return self._mode
 
+    @property
+    def source(self) -> str:
+        """What is read, in words; ``SHARED with N other processes ...`` before it once the card is found shared."""
+        sharing = self.sharing
+        return (sharing.label() if sharing is not None else "") + self._plain_source
+
+    @source.setter
+    def source(self, value: str) -> None:
+        label = self.sharing.label() if self.sharing is not None else ""
+        self._plain_source = value[len(label):] if label and value.startswith(label) else value
+
     def identity(self) -> tuple:
         # not the kind: it is settled when the sensor opens (counter, or power on pre-Volta parts)
         return (type(self), self.name, self.nvml_index)
@@ -548,7 +583,8 @@ class NvmlGpuSensor(Sensor):
         return {**super().describe(), "nvml_index": self.nvml_index, "device_uuid": self.device_uuid,
                 "power_scope": self.power_scope, "reading": self.reading, "power_field": self.power_field,
                 "shaping": family.describe() if family is not None else None,
-                "shaping_measured": family.measured if family is not None else None}
+                "shaping_measured": family.measured if family is not None else None,
+                "shared": self.sharing.describe() if self.sharing is not None else None}
 
     def open(self) -> None:
         """Initialise NVML (one ``nvmlInit``, undone by :meth:`close`), find the GPU and what it offers."""
@@ -601,6 +637,10 @@ class NvmlGpuSensor(Sensor):
             how = f"nvmlDeviceGetTotalEnergyConsumption (energy counter{covers}, mJ, updated every ~0.1 s)"
         self.source = f"NVML {how} on GPU {self.nvml_index} ({gpu_name})"
         self._telemetry = self._supported_telemetry()
+        self.sharing = CardSharing(f"NVML GPU {self.nvml_index} ({gpu_name}, {self.device_uuid})", self._own_pids,
+                                   self._sharing_clock, warn=self.warns_when_shared)
+        if self.sharing.due():  # the first listing, at open: due by construction, and timed from here
+            self._list_processes()
         self.shaping_family = self.shape_power_field = self.shape_window_s = self.shape_lag_s = None
         family = shaping_family(architecture, module)
         if self._mode == "energy" and self._instant_field and "power_W" in self._telemetry and family is not None:
@@ -697,7 +737,37 @@ class NvmlGpuSensor(Sensor):
         if self._pcie_supported is not False and now - self._last_pcie_read >= PCIE_READ_INTERVAL_S:
             self._last_pcie_read = now
             fields.update(self._read_pcie())
+        fields.update(self._sharing_fields())
         return fields
+
+    def _sharing_fields(self) -> dict[str, float]:
+        """The card's other compute processes (listed again when due) as the ``other_processes`` telemetry
+        field; none where NVML cannot list them."""
+        sharing = self.sharing
+        if sharing is None or sharing.unchecked is not None:
+            return {}
+        if sharing.due():
+            self._list_processes()
+        if sharing.unchecked is not None:  # found absent at this listing
+            return {}
+        now = sharing.now  # None: every listing so far failed (reads NaN, as other telemetry does)
+        return {"other_processes": float("nan") if now is None else float(now.count)}
+
+    def _list_processes(self) -> None:
+        """List the card's compute processes into :attr:`sharing`. Never raises an NVML error: "not supported",
+        "no permission" or a driver without the call leave the card unchecked (said in its description), other
+        errors are counted and the last listing stands."""
+        sharing, nvml = self.sharing, self._nvml
+        if not hasattr(nvml, "nvmlDeviceGetComputeRunningProcesses"):
+            sharing.failed("this NVML binding has no nvmlDeviceGetComputeRunningProcesses", absent=True)
+            return
+        try:
+            with nvml_errors(nvml, f"nvmlDeviceGetComputeRunningProcesses on NVML GPU {self.nvml_index}"):
+                listed = [int(process.pid) for process in nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)]
+        except NvmlError as err:
+            sharing.failed(str(err), absent=is_absent(err) or isinstance(err, NvmlNoPermissionError))
+            return
+        sharing.observe(listed)
 
     def _supported_telemetry(self) -> dict[str, Callable[[], dict[str, float]]]:
         """The telemetry queries this GPU answers (probed once: "not supported" ones are left out; one that

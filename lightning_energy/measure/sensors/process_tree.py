@@ -125,7 +125,8 @@ class ProcessTreeGpuSensor(NvmlGpuSensor):
 
     def __init__(self, nvml_index: int, watch: ProcessTreeWatch, name: str | None = None,
                  pynvml_module=None) -> None:
-        super().__init__(nvml_index, name=name, pynvml_module=pynvml_module)
+        # the watched tree is "this process": its CUDA contexts are not another job's sharing the card
+        super().__init__(nvml_index, name=name, pynvml_module=pynvml_module, own_pids=watch.pids)
         self.watch = watch
         self.counted_from: float | None = None
         self._counter_at_start_J: float | None = None

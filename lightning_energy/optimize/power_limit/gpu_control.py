@@ -22,7 +22,14 @@ restore what was there, and a crash marker for what no process can catch.
   the marker, so two processes starting at once cannot both take the card or overwrite each other's
   marker; the marker itself is written to a temporary file and renamed.
 
-Every hint names the card as ``nvidia-smi -i <NVML index>`` (the index ``nvidia-smi`` shows).
+AMD GPUs (a ROCm build of torch, ``torch.version.hip``): :func:`open_gpu` finds the card through the
+amdsmi mapping the AMD sensor uses and drives it through
+:class:`lightning_energy.optimize.power_limit.amd_control.AmdSmiCard` (the same interface, mW); the marker
+then says ``"vendor": "amd"`` and holds the amdsmi index (``amd-smi -g``) in ``nvml_index``, and
+``restore-power-limit`` opens it through amdsmi. AMD cards have no persistence mode: none is recorded or set.
+
+Every hint names the card as ``nvidia-smi -i <NVML index>`` (the index ``nvidia-smi`` shows), or on AMD
+``amd-smi set -g <amdsmi index> -o <W>``.
 Units: NVML's milliwatts in the marker and at the GPU object, watts in messages.
 """
 
@@ -73,9 +80,17 @@ class CardInUseError(GpuControlError):
 
 # ------------------------------------------------------------------------------------------- which card
 def open_gpu(cuda_index: int):
-    """Zeus's ``GPU`` object for this process's CUDA device ``cuda_index`` (``gpu_index`` is its NVML index)."""
+    """Zeus's ``GPU`` object for this process's CUDA device ``cuda_index`` (``gpu_index`` is its NVML index); on
+    ROCm an :class:`~lightning_energy.optimize.power_limit.amd_control.AmdSmiCard` (``gpu_index``: amdsmi's)."""
+    from lightning_energy.measure.sensors.amdsmi import amd_gpu_of_torch_device, rocm_in_use
     from lightning_energy.measure.sensors.detect import GPU_UNREADABLE, nvml_index_of_cuda_device
 
+    if rocm_in_use():
+        try:
+            amd_index = amd_gpu_of_torch_device(cuda_index).amdsmi_index
+        except GPU_UNREADABLE as err:
+            raise GpuControlError(f"cannot tell which AMD GPU device {cuda_index} is ({type(err).__name__}: {err})") from err
+        return open_amd_gpu(amd_index, f"torch device cuda:{cuda_index}")
     try:
         nvml_index = nvml_index_of_cuda_device(cuda_index)
     except GPU_UNREADABLE as err:
@@ -104,6 +119,35 @@ def open_nvml_gpu(nvml_index: int, what: str | None = None):
         raise GpuControlError(f"Zeus cannot open {label} ({type(err).__name__}: {err})") from err
 
 
+def open_amd_gpu(amdsmi_index: int, what: str | None = None, amdsmi_module=None):
+    """The card object for AMD GPU ``amdsmi_index`` (the index ``amd-smi -g`` takes)."""
+    from lightning_energy.measure.sensors.amdsmi import AMD_GPU_UNREADABLE
+    from lightning_energy.optimize.power_limit.amd_control import AmdSmiCard
+
+    label = f"AMD GPU {amdsmi_index}" + (f" ({what})" if what else "")
+    try:
+        return AmdSmiCard(amdsmi_index, amdsmi_module)
+    except AMD_GPU_UNREADABLE as err:
+        raise GpuControlError(f"amdsmi cannot open {label} ({type(err).__name__}: {err})") from err
+
+
+def card_vendor(gpu) -> str:
+    """``"amd"`` for an amdsmi card, else ``"nvidia"`` (NVML, Zeus and the simulator)."""
+    return getattr(gpu, "vendor", "nvidia")
+
+
+def permission_errors() -> tuple[type[BaseException], ...]:
+    """The errors a card raises when this process may not set its limit (Zeus's, and amdsmi's NO_PERM)."""
+    from lightning_energy.measure.sensors.amdsmi import AmdSmiNoPermissionError
+
+    errors: tuple[type[BaseException], ...] = (AmdSmiNoPermissionError,)
+    with contextlib.suppress(ImportError), contextlib.redirect_stdout(io.StringIO()):
+        from zeus.device.gpu import ZeusGPUNoPermissionError
+
+        errors += (ZeusGPUNoPermissionError,)
+    return errors
+
+
 def rank_gpu(device, caller: str = "PowerLimitOptimizer"):
     """Zeus's ``GPU`` object of the CUDA ``device`` (a ``torch.device``: the one a rank trains on), through the
     energy sensors' CUDA -> NVML mapping (``gpu_index`` of the result is the NVML index, the one ``nvidia-smi -i``
@@ -111,7 +155,7 @@ def rank_gpu(device, caller: str = "PowerLimitOptimizer"):
     card that cannot be opened."""
     if device.type != "cuda":
         raise RuntimeError(
-            f"{caller} needs an NVIDIA GPU's power limits, but this rank trains on {device}. Train on a GPU, "
+            f"{caller} needs a GPU's power limits (NVIDIA, or AMD on ROCm), but this rank trains on {device}. Train on a GPU, "
             "or pass gpu=lightning_energy.simulate.gpu_sim.SimulatedGPU(...) to run against the simulator."
         )
     try:
@@ -140,7 +184,9 @@ def is_simulated(gpu) -> bool:
 
 
 def gpu_uuid(gpu) -> str | None:
-    """NVML's UUID of a real card (None for a simulated one, or where NVML does not say)."""
+    """NVML's (amdsmi's) UUID of a real card (None for a simulated one, or where NVML does not say)."""
+    if callable(getattr(gpu, "card_uuid", None)):
+        return gpu.card_uuid()
     handle = getattr(gpu, "handle", None)
     if handle is None:
         return None
@@ -158,6 +204,8 @@ def permission_problem(gpu) -> str | None:
     flag = getattr(gpu, "can_set_limits", None)
     if flag is not None:
         return None if flag else "the simulated GPU was created with can_set_limits=False"
+    if callable(getattr(gpu, "permission_problem", None)):  # an AMD card says itself
+        return gpu.permission_problem()
     check_installed("zeus", ZEUS_FEATURE)
     with contextlib.redirect_stdout(io.StringIO()):
         from zeus.device.common import has_sys_admin
@@ -180,8 +228,12 @@ def default_limit_mW(gpu) -> int | None:
     return int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
 
 
-def smi_hint(index, limit_mW: int | None = None, persistence: bool | None = None) -> str:
-    """The ``nvidia-smi`` commands that set a card by hand."""
+def smi_hint(index, limit_mW: int | None = None, persistence: bool | None = None, vendor: str = "nvidia") -> str:
+    """The ``nvidia-smi`` (``amd-smi`` for ``vendor="amd"``) commands that set a card by hand."""
+    if vendor == "amd":  # no persistence mode on AMD
+        if limit_mW is None:
+            return f"amd-smi metric -g {index} --power"
+        return f"amd-smi set -g {index} -o {limit_mW / MW_PER_W:g}"
     parts = []
     if limit_mW is not None:
         parts.append(f"nvidia-smi -i {index} -pl {limit_mW / MW_PER_W:g}")
@@ -247,6 +299,7 @@ class Marker:
     host: str
     owner: str
     created: float
+    vendor: str = "nvidia"  # "amd": nvml_index holds the amdsmi index (amd-smi -g)
 
     @property
     def settings(self) -> "Settings":
@@ -295,8 +348,11 @@ def read_marker(path: Path) -> Marker:
     if uuid is not None and not isinstance(uuid, str):
         raise ValueError(f"{path}: `uuid` must be a string or null")
     created = raw.get("created", 0.0)
+    vendor = raw.get("vendor", "nvidia")  # markers written before AMD support name no vendor
+    if vendor not in ("nvidia", "amd"):
+        raise ValueError(f"{path}: `vendor` must be \"nvidia\" or \"amd\", got {vendor!r}")
     return Marker(path, raw["nvml_index"], uuid, raw["gpu_name"], raw["limit_mW"], persistence, raw["pid"],
-                  raw["host"], raw["owner"], float(created) if isinstance(created, (int, float)) else 0.0)
+                  raw["host"], raw["owner"], float(created) if isinstance(created, (int, float)) else 0.0, vendor)
 
 
 def list_markers(directory: Path | None = None) -> list[Path]:
@@ -350,6 +406,10 @@ class LimitController:
     @property
     def index(self):
         return nvml_index(self.gpu)
+
+    @property
+    def vendor(self) -> str:
+        return card_vendor(self.gpu)
 
     def take(self) -> Settings:
         """Record what was there (see the class docstring), write the marker, turn persistence mode on.
@@ -408,7 +468,7 @@ class LimitController:
             marker = read_marker(path)
         except ValueError as err:
             raise CardInUseError(f"{self.owner}: GPU {self.index} has a crash marker that cannot be read ({err}); "
-                                 f"nothing was changed. Check the card ({smi_hint(self.index)}), set what it "
+                                 f"nothing was changed. Check the card ({smi_hint(self.index, vendor=self.vendor)}), set what it "
                                  f"should run at, then delete {path}") from None
         holder = f"{marker.owner} (pid {marker.pid} on {marker.host}, marker {path})"
         if marker.host != socket.gethostname() and not (uuid and marker.uuid == uuid):
@@ -436,9 +496,9 @@ class LimitController:
             "format": MARKER_FORMAT, "nvml_index": int(self.index) if isinstance(self.index, int) else -1,
             "uuid": uuid, "gpu_name": str(self.gpu.get_name()), "limit_mW": before.limit_mW,
             "persistence_mode": before.persistence_mode, "pid": os.getpid(), "host": socket.gethostname(),
-            "owner": self.owner, "created": time.time(),
+            "owner": self.owner, "created": time.time(), "vendor": self.vendor,
             "restore": f"lightning-energy restore-power-limit (or: "
-                       f"{smi_hint(self.index, before.limit_mW, before.persistence_mode)})",
+                       f"{smi_hint(self.index, before.limit_mW, before.persistence_mode, self.vendor)})",
         }
         try:
             atomic_write_json(path, document)
@@ -487,14 +547,14 @@ class LimitController:
 def put_back(gpu, settings: Settings) -> list[str]:
     """Set ``gpu`` to ``settings`` (limit, and persistence mode where known); the problems, one line each
     with the ``nvidia-smi -i`` command that fixes it."""
-    index = nvml_index(gpu)
+    index, vendor = nvml_index(gpu), card_vendor(gpu)
     problems = []
     try:
         if int(gpu.get_power_management_limit()) != settings.limit_mW:
             gpu.set_power_management_limit(settings.limit_mW)
     except Exception as err:
         problems.append(f"could not restore the power limit of GPU {index} to {settings.limit_mW / MW_PER_W:g} W "
-                        f"({type(err).__name__}: {err}); set it by hand: {smi_hint(index, settings.limit_mW)}")
+                        f"({type(err).__name__}: {err}); set it by hand: {smi_hint(index, settings.limit_mW, vendor=vendor)}")
     if settings.persistence_mode is not None:
         try:
             if bool(gpu.get_persistence_mode()) != settings.persistence_mode:
@@ -506,9 +566,10 @@ def put_back(gpu, settings: Settings) -> list[str]:
     return problems
 
 
-def restore_from_marker(marker: Marker, opener: Callable[[int], Any] = open_nvml_gpu) -> list[str]:
+def restore_from_marker(marker: Marker, opener: Callable[[int], Any] | None = None) -> list[str]:
     """Put the card of a marker back (limit, persistence mode); the problems, empty on success (the
-    marker is then removed). The card is found by UUID where the marker has one (indices can change).
+    marker is then removed). ``opener``: opens the card by the marker's index (default: NVML's, amdsmi's for
+    an AMD marker). The card's UUID must be the marker's where both are known (indices can change).
     Done under the marker's lock, and only if the file still holds the marker read (a run that took the
     card since has written its own: that one is left alone, and so is the card)."""
     with contextlib.ExitStack() as locked:
@@ -522,17 +583,28 @@ def restore_from_marker(marker: Marker, opener: Callable[[int], Any] = open_nvml
             current = None
         if current is None or not current.same_as(marker):
             return []  # removed or replaced meanwhile: nothing of this marker is left to do
+        amd = marker.vendor == "amd"
+        if opener is None:
+            opener = open_amd_gpu if amd else open_nvml_gpu
         try:
             gpu = opener(marker.nvml_index)
         except Exception as err:
-            return [f"{marker.path.name}: cannot open NVML GPU {marker.nvml_index} ({err}); set it by hand: "
-                    f"{smi_hint(marker.nvml_index, marker.limit_mW, marker.persistence_mode)}"]
-        uuid = gpu_uuid(gpu)
-        if marker.uuid and uuid and uuid != marker.uuid:
-            return [f"{marker.path.name}: NVML GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices changed); "
-                    f"find the card with `nvidia-smi -L` and set it by hand: nvidia-smi -i <index> -pl "
-                    f"{marker.limit_mW / MW_PER_W:g}"]
-        problems = put_back(gpu, marker.settings)
+            return [f"{marker.path.name}: cannot open {'AMD' if amd else 'NVML'} GPU {marker.nvml_index} ({err}); "
+                    f"set it by hand: {smi_hint(marker.nvml_index, marker.limit_mW, marker.persistence_mode, marker.vendor)}"]
+        try:
+            uuid = gpu_uuid(gpu)
+            if marker.uuid and uuid and uuid != marker.uuid:
+                if amd:
+                    return [f"{marker.path.name}: AMD GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices "
+                            f"changed); find the card with `amd-smi list` and set it by hand: amd-smi set -g <index> "
+                            f"-o {marker.limit_mW / MW_PER_W:g}"]
+                return [f"{marker.path.name}: NVML GPU {marker.nvml_index} is {uuid}, not {marker.uuid} (indices changed); "
+                        f"find the card with `nvidia-smi -L` and set it by hand: nvidia-smi -i <index> -pl "
+                        f"{marker.limit_mW / MW_PER_W:g}"]
+            problems = put_back(gpu, marker.settings)
+        finally:
+            if callable(getattr(gpu, "close", None)):  # an AMD card gives its share of amdsmi back
+                gpu.close()
         if not problems:
             marker.path.unlink(missing_ok=True)
         return problems
