@@ -9,12 +9,16 @@ The test is the launcher: it starts one process per global rank with the environ
     WORLD_SIZE=4  RANK=2*NODE_RANK+LOCAL_RANK         informative only: Lightning derives the global rank
                                                       and world size from num_nodes, devices and the above
 
-Both "nodes" share this host, so "one host sensor per node" rests on ``trainer.local_rank == 0``.
+Both "nodes" share this host, so "one host sensor per node" rests on ``trainer.local_rank == 0``; each node is
+named apart in the report (``simnode<NODE_RANK>``, as a cluster's nodes are), so its node entry (a node-scope
+sensor, a BMC's stand-in) has one host per node; the timeline still sees one host (one clock: no wall-clock
+conversion between the nodes, whose offsets would differ by the microseconds between two clock reads).
 Usage: ``multinode_fit.py OUT_DIR``.
 """
 
 import os
 import sys
+import types
 from datetime import timedelta
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -28,8 +32,9 @@ from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 
 from conftest import TinyRegressor, tiny_loader  # noqa: E402
 from lightning_energy import EnergyCallback, SimulatedSensor  # noqa: E402
+from lightning_energy.core import recorder  # noqa: E402
 
-DEVICE_W, HOST_W = 80.0, 25.0  # per rank, per node
+DEVICE_W, HOST_W, NODE_W = 80.0, 25.0, 400.0  # per rank, per node, per node (the whole node: a BMC)
 NUM_NODES, DEVICES = 2, 2
 EPOCHS = 3
 ROWS = 256  # 4 ranks x 4 steps of 16 rows per epoch
@@ -39,8 +44,10 @@ if __name__ == "__main__":
     # read now: LightningEnvironment.teardown removes WORLD_SIZE from the environment at the end of the fit
     launched = {k: int(os.environ[k]) for k in ("NODE_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE")}
     torch.set_num_threads(1)
+    recorder.socket = types.SimpleNamespace(gethostname=lambda: f"simnode{launched['NODE_RANK']}")  # as named apart
     callback = EnergyCallback(
-        sensors=[SimulatedSensor("device", DEVICE_W, scope="device"), SimulatedSensor("host", HOST_W, scope="host")],
+        sensors=[SimulatedSensor("device", DEVICE_W, scope="device"), SimulatedSensor("host", HOST_W, scope="host"),
+                 SimulatedSensor("bmc", NODE_W, scope="node")],
         verbose=False,
         log_power_figure=False,
     )

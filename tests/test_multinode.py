@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-DEVICE_W, HOST_W = 80.0, 25.0  # as in multinode_fit.py
+DEVICE_W, HOST_W, NODE_W = 80.0, 25.0, 400.0  # as in multinode_fit.py
 NUM_NODES, DEVICES = 2, 2
 WORLD_SIZE = NUM_NODES * DEVICES
 EPOCHS = 3
@@ -164,3 +164,24 @@ def test_epoch_power_is_all_sensors_power(report):
     expected_W = WORLD_SIZE * DEVICE_W + NUM_NODES * HOST_W  # 4 device sensors + 2 host sensors
     powers = [e["train_J"] / e["train_s"] for e in report["epochs"]]
     assert powers == pytest.approx([expected_W] * EPOCHS, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_node_figure_is_counted_once_per_node_beside_its_components_and_never_in_the_total(report):
+    """Issue 28: a node-scope sensor (a BMC's stand-in, 400 W) is read by each node's local rank 0 only; the report's
+    node entry has one host per node, node = components + other on each, and the total holds no node figure."""
+    node, durations = report["node"], _durations(report)
+    assert "bmc" not in {s["name"] for s in report["sensors"]}  # never a component, never in total_J
+    hosts = {h["host"]: h for h in node["hosts"]}
+    assert sorted(hosts) == ["simnode0", "simnode1"] and node["hosts_without_node_figure"] == []
+    for number, host in enumerate(("simnode0", "simnode1")):
+        entry, local_zero = hosts[host], 2 * number  # global rank of the node's local rank 0
+        assert [s["rank"] for s in entry["sensors"]] == [local_zero]  # read once per node
+        ranks = (local_zero, local_zero + 1)
+        components = HOST_W * durations[local_zero] + DEVICE_W * sum(durations[r] for r in ranks)
+        assert entry["components_J"] == pytest.approx(components, rel=1e-9)
+        assert entry["node_J"] == pytest.approx(NODE_W * durations[local_zero], rel=0.02)  # its own ledger's window
+        assert entry["other_J"] == pytest.approx(entry["node_J"] - entry["components_J"], rel=1e-12)
+        assert entry["node_provenance"] == "simulated" and entry["other_provenance"] == "simulated"
+    assert node["node_J"] == pytest.approx(sum(h["node_J"] for h in hosts.values()), rel=1e-12)
+    assert node["components_J"] == pytest.approx(report["total_J"], rel=1e-9)

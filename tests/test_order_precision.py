@@ -24,6 +24,7 @@ import torch
 from conftest import RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor
 from lightning_energy.callbacks.precision import PrecisionSwitch
+from lightning_energy.optimize.precision.probe import replaying
 from power_limit_helpers import install_fake_time
 from precision_helpers import SAMPLER_INTERVAL_S, FollowMode, ModePowerSensor
 
@@ -46,14 +47,14 @@ class Modes(L.Callback):
 
 class TimedSteps(TinyRegressor):
     """Each training step moves the fake clock by its mode's step time (split over the batches of a step
-    with gradient accumulation); the probe's replay (under ``no_grad``) moves it by PROBE_S."""
+    with gradient accumulation); the probe's replay (``replaying()``) moves it by PROBE_S."""
 
     def __init__(self, clock, batches_per_step: int = 1) -> None:
         super().__init__()
         self.clock, self.batches_per_step = clock, batches_per_step
 
     def training_step(self, batch, batch_idx):
-        if torch.is_grad_enabled():
+        if not replaying():
             self.clock.advance(STEP_S[self.trainer.precision_plugin.mode_name] / self.batches_per_step)
         else:
             self.clock.advance(PROBE_S)
@@ -174,10 +175,10 @@ STEP_SLEEP_S, PROBE_SLEEP_S = 0.02, 0.25
 
 
 class SleepySteps(TinyRegressor):
-    """Training steps sleep 20 ms; the probe's replay (under ``no_grad``) sleeps 0.25 s."""
+    """Training steps sleep 20 ms; the probe's replay (``replaying()``) sleeps 0.25 s."""
 
     def training_step(self, batch, batch_idx):
-        time.sleep(STEP_SLEEP_S if torch.is_grad_enabled() else PROBE_SLEEP_S)
+        time.sleep(PROBE_SLEEP_S if replaying() else STEP_SLEEP_S)
         return super().training_step(batch, batch_idx)
 
 

@@ -20,11 +20,16 @@ from typing_extensions import override
 from lightning_energy.extras import check_installed
 from lightning_energy.integration.base import MeteredCallback, rank_zero_info_for
 from lightning_energy.integration.precision_plugin import SwitchablePrecision
-from lightning_energy.integration.lightning_internals import batches_that_stepped, is_accumulating
+from lightning_energy.integration.lightning_internals import (
+    batches_that_stepped,
+    is_accumulating,
+    optimizer_unscales_inside_step,
+)
 from lightning_energy.integration.timeline import StepFigures, should_log_step
 from lightning_energy.measure import ranks as distributed
 from lightning_energy.measure.sampler import DEFAULT_INTERVAL_S
 from lightning_energy.measure.sensors.base import Sensor
+from lightning_energy.optimize.precision.gradients import DEFAULT_GRAD_TOLERANCE, compare_gradients, gradient_summary
 from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODES, REFERENCE_MODE, unavailable_reason
 from lightning_energy.optimize.precision.policy import (
     CHECK,
@@ -33,6 +38,7 @@ from lightning_energy.optimize.precision.policy import (
     FALL_BACK,
     FIXED,
     GAP_N,
+    GRAD_STATS,
     GUARDING,
     LOSS_N,
     LOSS_SUM,
@@ -49,7 +55,7 @@ from lightning_energy.optimize.precision.policy import (
     settle_mode,
     window_summary,
 )
-from lightning_energy.optimize.precision.probe import reference_loss
+from lightning_energy.optimize.precision.probe import reference_step
 from lightning_energy.provenance import combine, tagged
 from lightning_energy.optimize.precision.report import (
     KEPT_CHECKS,
@@ -103,8 +109,15 @@ class PrecisionSwitch(MeteredCallback):
        step (``precision_probe``): no step figure includes it, whatever the order of ``Trainer(callbacks=[...])``,
        and an EnergyCallback logs it apart as ``energy/extra/precision_probe_J`` and
        ``time/extra/precision_probe_s``. The loss gap of a set of probed steps is the relative gap of their
-       summed losses, ``|sum(loss - reference)| / |sum(reference)|``.
-    2. Pick, beyond the noise. Among the modes with no non-finite step and a gap <= ``tolerance``, a mode other
+       summed losses, ``|sum(loss - reference)| / |sum(reference)|``. The replay also computes the float32
+       gradient of the step (one more backward pass), and when the optimizer is handed the step's own
+       gradient (after the scaler's unscale, before clipping) the two are compared: relative error of the
+       gradient vector, cosine similarity (an SGD update's direction against float32's), norm ratio, share of
+       elements that underflowed to zero, share of non-finite ones
+       (:mod:`~lightning_energy.optimize.precision.gradients`). A loss can agree with float32 while the
+       gradients do not (float16 without a scaler flushes gradients below 6e-8 to zero).
+    2. Pick, beyond the noise. Among the modes with no non-finite step, a gap <= ``tolerance`` and a gradient
+       error <= ``grad_tolerance``, a mode other
        than ``32-true`` is chosen only when it is cheaper by ``objective`` (energy per step, time per step, or
        their product) than ``32-true`` by more than the measurement noise: the difference of the means must
        exceed the two-sided Student-t bound at ``confidence`` of its standard error. That standard error is
@@ -124,7 +137,8 @@ class PrecisionSwitch(MeteredCallback):
        safer mode (the order of :data:`~lightning_energy.integration.precision_plugin.MODE_NAMES`) on a non-finite gradient
        (the plugin skips that step, so parameters stay finite; with gradient scaling: ``max_consecutive_skips``
        skipped steps in a row), on an exploding loss (the window's mean loss above ``explode_factor`` times
-       the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` at
+       the lowest window mean so far; for positive losses) or when the gap exceeds ``tolerance`` or the
+       gradient error of the replayed steps exceeds ``grad_tolerance`` at
        ``drift_patience`` checks in a row. A rejected mode is not used again in this fit. Non-finite losses
        in ``32-true`` or ``64-true`` have no safer mode to fall back to and are not caused by reduced
        precision: they are counted (``precision/nonfinite_losses``) and warned about once per mode, and
@@ -144,6 +158,8 @@ class PrecisionSwitch(MeteredCallback):
       ``precision/<mode>/loss_gap``: each profiled mode's energy per step (J, all ranks), time per step (s),
       mean power (W) and mean relative loss gap, logged once when profiling ends.
     - ``precision/loss_gap``: the relative loss gap to ``32-true`` at each check.
+    - ``precision/grad_error``, ``precision/grad_cosine``: the gradient's relative error and cosine similarity
+      against the float32 replay at each check (and ``precision/<mode>/grad_error`` once profiling ends).
     - ``precision/switches``: the number of mode changes so far, logged at each change.
     - ``precision/skipped_steps``: optimizer steps skipped for non-finite gradients so far, at each check.
     - ``precision/nonfinite_losses``: non-finite training losses so far (summed over ranks), at each check.
@@ -181,6 +197,10 @@ class PrecisionSwitch(MeteredCallback):
         explode_factor: the loss counts as exploding above this multiple of the lowest window mean (> 1).
         max_consecutive_skips: with gradient scaling, skipped steps in a row that count as a failure (>= 1).
         objective: ``"energy"`` (J per step), ``"time"`` (s per step) or ``"edp"`` (their product).
+        grad_tolerance: largest accepted relative error of the gradient the optimizer receives against a
+            float32 replay of the step, ``sqrt(sum ||g - g32||^2 / sum ||g32||^2)`` over the replayed steps
+            (> 0; default 0.25). Checked only on the steps the probe replays: the candidates' profiling
+            windows and the ``probe_batches`` steps before each guard check.
         probe: replay ``training_step`` in ``32-true`` to measure the loss gap (turn off when
             ``training_step`` has side effects that must not happen twice; then only non-finite steps and
             exploding losses are guarded against).
@@ -193,6 +213,7 @@ class PrecisionSwitch(MeteredCallback):
     mode = _FromPolicy("fixed_mode")
     candidates = _FromPolicy()
     tolerance = _FromPolicy()
+    grad_tolerance = _FromPolicy()
     objective = _FromPolicy()
     confidence = _FromPolicy()
     check_every_n_steps = _FromPolicy()
@@ -222,6 +243,7 @@ class PrecisionSwitch(MeteredCallback):
         explode_factor: float = 10.0,
         max_consecutive_skips: int = 10,
         objective: str = "energy",
+        grad_tolerance: float = DEFAULT_GRAD_TOLERANCE,
         probe: bool = True,
         sensors: list[Sensor] | None = None,
         backend: str = "auto",
@@ -235,7 +257,7 @@ class PrecisionSwitch(MeteredCallback):
             profile_steps=profile_steps, check_every_n_steps=check_every_n_steps, probe_batches=probe_batches,
             confidence=confidence, max_profile_rounds=max_profile_rounds, min_profile_rounds=min_profile_rounds,
             noise_floor=noise_floor, drift_patience=drift_patience, explode_factor=explode_factor,
-            max_consecutive_skips=max_consecutive_skips, objective=objective,
+            max_consecutive_skips=max_consecutive_skips, objective=objective, grad_tolerance=grad_tolerance,
         )
         self.check_flags(probe=probe, verbose=verbose)
         self.probe = probe
@@ -259,6 +281,7 @@ class PrecisionSwitch(MeteredCallback):
         self._window: _LossWindow | None = None
         self._batch_mode: str | None = None
         self._ref_loss: torch.Tensor | None = None
+        self._ref_grads: list[torch.Tensor | None] | None = None  # float32 gradients of the step being probed
         # per optimizer step (Lightning's step number, the one its StepFigures carry), tagged at its first
         # batch: (the mode it runs in, the mode whose profile it counts in or None, the profiling round, the
         # window); the figures arrive a few steps later and are summed per mode
@@ -350,11 +373,42 @@ class PrecisionSwitch(MeteredCallback):
             policy = self.policy
             self._step_tags[step] = (self._batch_mode, policy.profiled_mode(self._batch_mode), policy.profile_rounds,
                                      policy.profile_index)
+            self._ref_grads = None
         self._ref_loss = None
         if self._probe_enabled and self.policy.probe_due(self._batch_mode):
             with self.timeline.extra(PROBE):  # no step figure includes the replay; reported apart
-                self._ref_loss = reference_loss(trainer, pl_module, self.plugin, batch, batch_idx)
+                self._ref_loss, grads = reference_step(trainer, pl_module, self.plugin, batch, batch_idx)
+                self._add_reference_grads(grads, trainer.accumulate_grad_batches)
         self._skips_before = self.plugin.skipped_steps
+
+    def _add_reference_grads(self, grads: list[torch.Tensor | None] | None, accumulated: int) -> None:
+        """Sum the float32 gradients of a step's batches as Lightning sums the step's (each loss / accumulated)."""
+        if grads is None:
+            return
+        grads = [None if g is None else g / accumulated for g in grads]
+        if self._ref_grads is None:
+            self._ref_grads = grads
+        else:
+            self._ref_grads = [a if b is None else b if a is None else a + b for a, b in zip(self._ref_grads, grads)]
+
+    @override
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        """The gradient the optimizer is about to get (unscaled, not yet clipped) against the float32 replay's:
+        only on replayed steps; statistics stay on the device (no host synchronisation but the scale's with an
+        optimizer that unscales inside its step, and one all-reduce of the replay's gradients under DDP)."""
+        reference, self._ref_grads = self._ref_grads, None
+        if reference is None or self._window is None:
+            return
+        with self.timeline.extra(PROBE):  # the comparison is the probe's cost, not the step's
+            params = [p for p in pl_module.parameters() if p.requires_grad]
+            if trainer.world_size > 1:  # the step's gradients are the ranks' mean: so is the reference
+                reference = _ranks_mean(trainer, reference, params)
+            grads = [p.grad for p in params]
+            scaler = self.plugin.scaler
+            if scaler is not None and optimizer_unscales_inside_step(optimizer):
+                inverse = 1.0 / scaler.get_scale()
+                grads = [None if g is None else g * inverse for g in grads]
+            self._window.add_gradients(compare_gradients(grads, reference))
 
     @override
     def on_step_measured(self, trainer: Trainer, figures: StepFigures) -> None:
@@ -429,7 +483,8 @@ class PrecisionSwitch(MeteredCallback):
             self.nonfinite_losses += row["nonfinite_losses"]
             if row["nonfinite_losses"] and not MODES[name].reduced:
                 self._warn_unguarded_nonfinite(name, row["nonfinite_losses"], "while profiling")
-            for key in ("step_J", "step_s", "power_W", "loss_gap", "step_J_se", "step_s_se"):
+            for key in ("step_J", "step_s", "power_W", "loss_gap", "step_J_se", "step_s_se", "grad_error",
+                        "grad_cosine"):
                 if row[key] is not None:
                     metrics[f"precision/{name}/{key}"] = row[key]
         self._log(trainer, {"precision/nonfinite_losses": float(self.nonfinite_losses), **metrics})
@@ -439,16 +494,20 @@ class PrecisionSwitch(MeteredCallback):
     def _check(self, trainer: Trainer) -> None:
         stats = trainer.strategy.reduce(self._window.take(), reduce_op="sum").tolist()
         gap, mean_loss, nonfinite = window_summary(stats)
+        gradients = gradient_summary(stats[GRAD_STATS:])
         self.nonfinite_losses += nonfinite
         metrics = {"precision/skipped_steps": float(self.plugin.skipped_steps),
                    "precision/nonfinite_losses": float(self.nonfinite_losses)}
         if gap is not None:
             metrics["precision/loss_gap"] = gap
+        for key in ("grad_error", "grad_cosine"):
+            if gradients[key] is not None:
+                metrics[f"precision/{key}"] = gradients[key]
         self._log(trainer, metrics)
         step = trainer.global_step
         current = self.policy.current
         self.checks.append({"step": step, "mode": current, "loss_gap": gap, "mean_loss": mean_loss,
-                            "nonfinite_losses": nonfinite})
+                            "nonfinite_losses": nonfinite, **gradients})
         if nonfinite and not MODES[current].reduced:
             self._warn_unguarded_nonfinite(current, nonfinite, f"in the {self.check_every_n_steps} steps "
                                                                f"before step {step}")
@@ -458,7 +517,7 @@ class PrecisionSwitch(MeteredCallback):
         if self.phase != GUARDING:
             self.policy.checked(mean_loss, None)
             return
-        verdict = self.policy.guard_verdict(mean_loss, gap, nonfinite) if trainer.is_global_zero else None
+        verdict = self.policy.guard_verdict(mean_loss, gap, nonfinite, gradients) if trainer.is_global_zero else None
         verdict = trainer.strategy.broadcast(verdict, src=0)
         self.policy.checked(mean_loss, verdict)
         if verdict is not None:
@@ -589,6 +648,17 @@ class PrecisionSwitch(MeteredCallback):
         self.nonfinite_losses = int(state.get("nonfinite_losses", 0))
 
 
+def _ranks_mean(trainer: Trainer, grads: list[torch.Tensor | None], params: list) -> list[torch.Tensor]:
+    """The ranks' mean of per-parameter gradients (one all-reduce of the flattened vector)."""
+    full = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+    flat = trainer.strategy.reduce(torch.cat([g.reshape(-1) for g in full]), reduce_op="mean")
+    out, offset = [], 0
+    for g in full:
+        out.append(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return out
+
+
 class _Sums:
     """Energy (J, this callback's sensors) and time (s) of steps, summed."""
 
@@ -614,6 +684,10 @@ class _LossWindow:
         self.device = device
         self.losses: list[torch.Tensor] = []
         self.pairs: list[torch.Tensor] = []  # (loss, reference) of the probed steps
+        self.gradients: list[torch.Tensor] = []  # compare_gradients of the probed steps
+
+    def add_gradients(self, stats: torch.Tensor) -> None:
+        self.gradients.append(stats.to(self.device))
 
     def add(self, loss: torch.Tensor, reference: torch.Tensor | None) -> None:
         self.losses.append(loss)
@@ -636,7 +710,9 @@ class _LossWindow:
             stats[DIFF_SUM] = (pairs[both, 0] - pairs[both, 1]).sum()
             stats[REF_SUM] = pairs[both, 1].sum()
             stats[GAP_N] = both.sum()
-        self.losses, self.pairs = [], []
+        if self.gradients:
+            stats[GRAD_STATS:] = torch.stack(self.gradients).sum(dim=0)
+        self.losses, self.pairs, self.gradients = [], [], []
         return stats
 
 

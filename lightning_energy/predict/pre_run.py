@@ -20,7 +20,10 @@ the backward (the bias gradient's sum). Memory: the forward reads the layer's pa
 writes its output; the backward touches twice as many words (gradients of inputs and weights); each
 word is priced by the size class of the tensor it belongs to. 64-bit is not in the table: it is
 EXTRAPOLATED with the table's own 16 -> 32-bit ratios (add x2.25, mult x3.36, memory x2) and flagged.
-Good for comparing models, not for absolute joules.
+A RELATIVE measure, for comparing models with one another: it prices arithmetic and memory traffic on a
+45 nm chip and nothing else (no idle or static power, no framework overhead, no host), so it is far below
+what a run draws (``benchmarks/prediction_error.py`` records the ratio per model); never read it as the
+joules a run will take.
 
 Empirical: Linear and Conv2d layers of several sizes (a fixed range plus the model's own sizes) run a
 training pass (forward + backward) on the current device while the shared meter measures them;
@@ -30,6 +33,10 @@ rest of a step (activations, loss, optimiser, data, Python) is not covered: the 
 share of the counted FLOPs the fits priced, and :class:`~lightning_energy.callbacks.prediction_check.
 EnergyPredictionCheck` measures how much the uncovered part weighs in a real fit. Where the sensors
 are estimates (the CPU estimate), the result is labelled an estimate.
+
+For the joules a run will take, use the calibrated prediction of :mod:`lightning_energy.predict.probe_run`: a
+short measured probe of the run itself (``lightning-energy estimate --probe``, or ``probe_fit`` with the
+run's own module and dataloaders).
 """
 
 from __future__ import annotations
@@ -268,6 +275,13 @@ class MeterProbe:
         self.estimated = any(s.estimated for s in sensors)
         self._meter: Meter | None = None
 
+    @property
+    def meter(self) -> Meter:
+        """The meter on the shared sampler while :meth:`attached` (a ``RuntimeError`` outside)."""
+        if self._meter is None:
+            raise RuntimeError("MeterProbe has a meter only inside `with probe.attached():`")
+        return self._meter
+
     @contextlib.contextmanager
     def attached(self):
         sampler = get_sampler()
@@ -392,12 +406,16 @@ class EnergyEstimate:
         lines = [self.table.format(), "",
                  f"Predicted energy ({self.steps:,} steps, {self.dtype} on {self.device})",
                  f"  theoretical (45 nm table, {t.bits}-bit{', EXTRAPOLATED' if t.extrapolated else ''}): "
-                 f"{_fmt_J(t.step_J)} per step, {_fmt_J(t.training_J)} in all -- compares models, not absolute"]
+                 f"score {_fmt_J(t.step_J)} per step, {_fmt_J(t.training_J)} in all at 45 nm operation prices -- "
+                 "a RELATIVE comparison between models, NOT the joules to expect (it leaves out static power, "
+                 "the host and the framework)"]
         if self.empirical is not None:
             e = self.empirical
             label = "ESTIMATE (estimated sensors)" if e.estimated else "measured sensors"
-            lines.append(f"  empirical ({label}: {', '.join(e.sensors)}): {_fmt_J(e.step_J)} per step, "
-                         f"{_fmt_J(e.training_J)} in all; covers {e.coverage:.1%} of the counted FLOPs")
+            lines.append(f"  empirical (layer fits; {label}: {', '.join(e.sensors)}): {_fmt_J(e.step_J)} per step, "
+                         f"{_fmt_J(e.training_J)} in all; covers {e.coverage:.1%} of the counted FLOPs and only "
+                         "Linear/Conv layers (not activations, loss, optimizer, data loading, validation); "
+                         "--probe measures the whole run")
             for kind, fit in sorted(e.fits.items()):
                 lines.append(f"    fit {kind:6s}: energy = {fit.a_J_per_MAC:.4g} J/MAC x MACs + {fit.b_J:.4g} J"
                              f"   R^2 = {fit.r2:.4f} ({fit.n} points)")

@@ -2,7 +2,11 @@
 
 The model is given as an import path of its class (``package.module.Class``, looked up from the current
 directory first, as ``python -m`` looks up a module), its constructor arguments as JSON (an object for keyword
-arguments, a list for positional ones) and the shape of one input batch. Prints the FLOPs/MACs table and the theoretical and empirical predictions; ``--json``
+arguments, a list for positional ones) and the shape of one input batch. Prints the FLOPs/MACs table, the
+theoretical figure (45 nm operation prices: a relative comparison between models, never joules to expect), the
+layer fits and, with ``--probe``, the calibrated prediction: a short measured probe (``--probe-batches``
+training batches on random inputs, twice, with ``--val-batches`` validation batches) extrapolated to the plan,
+with its 95 % bound (:mod:`lightning_energy.predict.probe_run`); ``--json``
 also writes them to a file (atomically). An input batch and model too large for the device's free memory
 (``MEMORY_SHARE``) are refused before either is allocated.
 """
@@ -43,6 +47,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-empirical", action="store_true", help="skip the layer benchmarks")
     parser.add_argument("--bench-seconds", type=float, default=0.25,
                         help="seconds per benchmark point (default 0.25)")
+    parser.add_argument("--probe", action="store_true",
+                        help="calibrate: measure a short probe of training on random batches and extrapolate it "
+                        "to the plan (joules to expect, with a 95%% bound)")
+    parser.add_argument("--probe-batches", type=int, default=10, help="measured batches per probe epoch (>= 2)")
+    parser.add_argument("--val-batches", type=int, default=0,
+                        help="validation batches after each planned epoch, for --probe (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the estimate as JSON here")
 
 
@@ -52,6 +62,10 @@ def run(args) -> int:
     steps = _planned_steps(args, CommandError)
     if not args.bench_seconds > 0:
         raise CommandError(f"--bench-seconds must be > 0, got {args.bench_seconds}")
+    if args.probe_batches < 2:
+        raise CommandError(f"--probe-batches must be >= 2, got {args.probe_batches}")
+    if args.val_batches < 0:
+        raise CommandError(f"--val-batches must be >= 0, got {args.val_batches}")
     shape = _parse_shape(args.input_shape, CommandError)
     init = _parse_init_args(args.init_args, CommandError)
     model_class = _import_class(args.model, CommandError)
@@ -85,10 +99,21 @@ def run(args) -> int:
                            f"({type(err).__name__}: {err})") from None
     estimate = estimate_energy(model, example, steps, bits=args.bits, empirical=not args.no_empirical,
                                min_seconds=args.bench_seconds)
+    calibrated = None
+    if args.probe:
+        from lightning_energy.predict.probe_run import RunPlan, synthetic_probe
+
+        epochs, per_epoch = (args.epochs, args.steps_per_epoch) if args.epochs is not None else (1, steps)
+        calibrated = synthetic_probe(model, example, RunPlan(epochs, per_epoch, args.val_batches),
+                                     probe_batches=args.probe_batches)
     print(estimate.format())
+    if calibrated is not None:
+        print(f"  {calibrated.format()}\n    (random inputs, a mean-square loss and Adam: your data loading, loss "
+              "and optimizer are not in it; probe_fit() with your module and dataloaders measures them)")
     if args.json is not None:
+        extra = {"calibrated": calibrated.as_dict()} if calibrated is not None else {}
         path = atomic_write_json(args.json, {"model": args.model, "init_args": init, "input_shape": shape,
-                                             **estimate.as_dict()})
+                                             **estimate.as_dict(), **extra})
         print(f"written: {path}")
     return 0
 

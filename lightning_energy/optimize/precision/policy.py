@@ -15,8 +15,12 @@ The rules (the callback's docstring tells them from the user's side):
    two-sided Student-t bound at ``confidence``; else the modes within noise of the cheapest are profiled
    again, up to ``max_profile_rounds`` rounds, each round in the reverse order of the one before; a mode other
    than ``32-true`` is picked only after a multiple of ``min_profile_rounds`` rounds.
+   A mode whose gradients on its probed steps differ from a float32 replay's by more than ``grad_tolerance``
+   (relative error of the gradient vector, :mod:`~lightning_energy.optimize.precision.gradients`) is
+   rejected, whatever its loss gap.
 3. Guard (:meth:`PrecisionPolicy.guard_verdict`): fall back to the next safer mode on non-finite steps, an
-   exploding loss or a loss gap beyond ``tolerance`` at ``drift_patience`` checks in a row.
+   exploding loss, or a loss gap beyond ``tolerance`` or a gradient error beyond ``grad_tolerance`` at
+   ``drift_patience`` checks in a row.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from lightning_energy.optimize.precision.gradients import (
+    DEFAULT_GRAD_TOLERANCE,
+    N_GRAD_STATS,
+    gradient_summary,
+    gradient_verdict,
+)
 from lightning_energy.optimize.precision.modes import MODES, REFERENCE_MODE, get_mode, unavailable_reason
 
 DEFAULT_CANDIDATES = ("32-true", "bf16-mixed", "16-mixed")
@@ -31,9 +41,11 @@ OBJECTIVES = ("energy", "time", "edp")
 
 # The statistics of a window of training steps, summed over steps and ranks (a float64 vector of N_STATS):
 # the finite losses' sum, their count, the non-finite losses' count, and over the probed steps with both
-# losses finite: the sum of (loss - reference), the sum of the reference losses, their count
+# losses finite: the sum of (loss - reference), the sum of the reference losses, their count; then, from
+# GRAD_STATS on, the gradient statistics of the probed steps against float32's (gradients.GRAD_FIELDS)
 LOSS_SUM, LOSS_N, NONFINITE, DIFF_SUM, REF_SUM, GAP_N = range(6)
-N_STATS = 6
+GRAD_STATS = 6
+N_STATS = GRAD_STATS + N_GRAD_STATS
 
 # phases of a fit
 FIXED, PROFILING, GUARDING = "fixed", "profiling", "guarding"
@@ -64,7 +76,7 @@ class PrecisionPolicy:
         warmup_steps: int = 5, profile_steps: int = 20, check_every_n_steps: int = 50, probe_batches: int = 4,
         confidence: float = 0.95, max_profile_rounds: int = 4, min_profile_rounds: int = 2,
         noise_floor: bool = True, drift_patience: int = 2, explode_factor: float = 10.0,
-        max_consecutive_skips: int = 10, objective: str = "energy",
+        max_consecutive_skips: int = 10, objective: str = "energy", grad_tolerance: float = DEFAULT_GRAD_TOLERANCE,
     ) -> None:
         if fixed_mode is not None and candidates is not None:
             raise ValueError("give either `mode` (a fixed mode) or `candidates` (modes to choose from), not both")
@@ -83,6 +95,7 @@ class PrecisionPolicy:
             raise ValueError(f"`candidates` has duplicates: {list(candidates)}")
         self.candidates = list(candidates)
         self.tolerance = positive_float("tolerance", tolerance)
+        self.grad_tolerance = positive_float("grad_tolerance", grad_tolerance)
         self.explode_factor = positive_float("explode_factor", explode_factor)
         if self.explode_factor <= 1:
             raise ValueError(f"`explode_factor` must be > 1, got {explode_factor!r}")
@@ -230,7 +243,7 @@ class PrecisionPolicy:
         profiles = merge_profiles(local_profiles_per_rank, self.plan)
         final = self.profile_rounds >= self.max_profile_rounds
         decision = settle_mode(profiles, self.tolerance, self.objective, self.confidence, final,
-                               self.profile_rounds, self.min_profile_rounds)
+                               self.profile_rounds, self.min_profile_rounds, self.grad_tolerance)
         decision["profiles"] = profiles
         return decision
 
@@ -257,22 +270,29 @@ class PrecisionPolicy:
         return self.chosen, decision["reason"]
 
     # ---------------------------------------------------------------- guarding
-    def guard_verdict(self, mean_loss: float | None, gap: float | None, nonfinite: float) -> str | None:
+    def guard_verdict(self, mean_loss: float | None, gap: float | None, nonfinite: float,
+                      gradients: dict | None = None) -> str | None:
         """Why to fall back after a guard check of a window (its mean finite loss, loss gap and non-finite
-        losses, :func:`window_summary`), or None. Counts the checks in a row beyond ``tolerance``."""
+        losses, :func:`window_summary`; ``gradients``: its :func:`gradient_summary`), or None. Counts the
+        checks in a row beyond ``tolerance``."""
         if nonfinite and MODES[self.current].reduced:
             return f"non-finite loss in {int(nonfinite)} steps since the last check"
         best = self.best_loss
         if mean_loss is not None and 0 < best < math.inf and mean_loss > self.explode_factor * best:
             return (f"exploding loss: window mean {mean_loss:.4g} > {self.explode_factor:g} x lowest "
                     f"{self.best_loss:.4g}")
-        if gap is None:
+        gap_off = gap is not None and gap > self.tolerance
+        grad_off = (gradients is not None and MODES[self.current].reduced
+                    and gradient_verdict(gradients, self.grad_tolerance) is not None)
+        if gap is None and not grad_off:
             return None
-        if gap > self.tolerance:
+        if gap_off or grad_off:
             self.drift_strikes += 1
             if self.drift_strikes >= self.drift_patience:
-                return (f"loss gap {gap:.4g} > tolerance {self.tolerance:g} at {self.drift_strikes} "
-                        "checks in a row")
+                if gap_off:
+                    return (f"loss gap {gap:.4g} > tolerance {self.tolerance:g} at {self.drift_strikes} "
+                            "checks in a row")
+                return f"{gradient_verdict(gradients, self.grad_tolerance)} at {self.drift_strikes} checks in a row"
         else:
             self.drift_strikes = 0
         return None
@@ -349,10 +369,15 @@ def loss_gap(stats: Sequence[float]) -> float | None:
 def add_profile(total: dict | None, part: dict) -> dict:
     """A mode's local profile over rounds: the steps of both, statistics summed, the first failure."""
     if total is None:
-        return part
+        return {**part, "stats": padded(part["stats"])}
     return {"per_step": total["per_step"] + part["per_step"],
-            "stats": [x + y for x, y in zip(total["stats"], part["stats"])],
+            "stats": [x + y for x, y in zip(padded(total["stats"]), padded(part["stats"]))],
             "failure": total["failure"] or part["failure"]}
+
+
+def padded(stats: Sequence[float]) -> list[float]:
+    """``stats`` with zeros for fields a checkpoint of an older version did not have."""
+    return [*stats, *[0.0] * (N_STATS - len(stats))]
 
 
 def mean_and_se(values: list[float]) -> tuple[float | None, float | None]:
@@ -409,7 +434,7 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
         parts = [p[name] for p in per_rank if name in p]
         if not parts:
             continue
-        stats = [sum(p["stats"][i] for p in parts) for i in range(N_STATS)]
+        stats = [sum(padded(p["stats"])[i] for p in parts) for i in range(N_STATS)]
         by_step: dict[int, list[float]] = {}
         for part in parts:
             for step, joules, seconds, profile_round, *window in part["per_step"]:
@@ -443,6 +468,7 @@ def merge_profiles(per_rank: list[dict[str, dict]], plan: list[str]) -> dict[str
             "loss_gap": loss_gap(stats),
             "mean_loss": stats[LOSS_SUM] / stats[LOSS_N] if stats[LOSS_N] else None,
             "nonfinite_losses": int(stats[NONFINITE]),
+            **gradient_summary(stats[GRAD_STATS:]),
             "failure": failure,
             "status": "",
         }
@@ -504,7 +530,8 @@ def beyond_noise(a: tuple, b: tuple, confidence: float) -> bool:
 
 
 def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, confidence: float = 0.95,
-                final: bool = True, rounds: int = 1, min_rounds: int = 1) -> dict:
+                final: bool = True, rounds: int = 1, min_rounds: int = 1,
+                grad_tolerance: float = DEFAULT_GRAD_TOLERANCE) -> dict:
     """Pick a mode when the profiles settle it; fills each row's ``status``.
 
     Returns ``{"chosen": mode or None, "reason": str, "contenders": [modes]}``. ``chosen`` is a mode other
@@ -513,7 +540,8 @@ def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, con
     ``32-true`` and this is not the ``final`` round (``contenders``: the modes within noise of the cheapest,
     to profile again); ``32-true`` when it is the cheapest or, in the final round, still within noise. Before
     a multiple of ``min_rounds`` rounds (and not ``final``) a mode other than ``32-true`` is not chosen yet:
-    ``contenders`` are then the modes to profile once more to confirm it.
+    ``contenders`` are then the modes to profile once more to confirm it. A reduced mode whose gradients
+    differ from float32's beyond ``grad_tolerance`` (:func:`gradient_verdict` of the row) is rejected.
     """
     eligible = {}
     for name, row in profiles.items():
@@ -523,6 +551,8 @@ def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, con
             row["status"] = f"rejected: {row['nonfinite_losses']} non-finite losses"
         elif name != REFERENCE_MODE and row["loss_gap"] is not None and row["loss_gap"] > tolerance:
             row["status"] = f"rejected: loss gap {row['loss_gap']:.4g} > tolerance {tolerance:g}"
+        elif MODES[name].reduced and (verdict := gradient_verdict(row, grad_tolerance)) is not None:
+            row["status"] = f"rejected: {verdict}"
         else:
             eligible[name] = row
     if objective == "energy" and not any(row["step_J"] for row in eligible.values()):
@@ -564,9 +594,9 @@ def settle_mode(profiles: dict[str, dict], tolerance: float, objective: str, con
 
 
 def pick_mode(profiles: dict[str, dict], tolerance: float, objective: str,
-              confidence: float = 0.95) -> tuple[str, str]:
+              confidence: float = 0.95, grad_tolerance: float = DEFAULT_GRAD_TOLERANCE) -> tuple[str, str]:
     """The mode to train with once profiling is over, and why (:func:`settle_mode` in its final round)."""
-    decision = settle_mode(profiles, tolerance, objective, confidence, final=True)
+    decision = settle_mode(profiles, tolerance, objective, confidence, final=True, grad_tolerance=grad_tolerance)
     return decision["chosen"], decision["reason"]
 
 

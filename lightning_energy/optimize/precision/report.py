@@ -42,6 +42,11 @@ def build_precision_report(
             "step_s_round_se": profile.get("step_s_round_se"),
             "power_W": profile.get("power_W"),
             "loss_gap": profile.get("loss_gap"),
+            "grad_error": profile.get("grad_error"),
+            "grad_cosine": profile.get("grad_cosine"),
+            "grad_norm_ratio": profile.get("grad_norm_ratio"),
+            "grad_zero_share": profile.get("grad_zero_share"),
+            "grad_nonfinite_share": profile.get("grad_nonfinite_share"),
             "mean_loss": profile.get("mean_loss"),
             "status": status,
             "trained_steps": max((p["steps"] for p in parts), default=0),
@@ -97,14 +102,14 @@ def format_precision_report(report: dict) -> str:
     lines = [head]
     if report["decision"] and not report["fixed_mode"]:
         lines.append(f"  decision: {report['decision']}")
-    columns = f"  {'mode':<17}{'code':>4}{'prof J/step':>20}{'prof s/step':>20}{'loss gap':>10}" \
+    columns = f"  {'mode':<17}{'code':>4}{'prof J/step':>20}{'prof s/step':>20}{'loss gap':>10}{'grad err':>10}" \
               f"{'steps':>8}{'trained J':>12}  status"
     lines.append(columns)
     for row in report["modes"]:  # mean +- standard error of the profiled steps
         lines.append(
             f"  {row['mode']:<17}{row['code']:>4}{_pm(row['step_J'], row.get('step_J_se')):>20}"
             f"{_pm(row['step_s'], row.get('step_s_se')):>20}"
-            f"{_num(row['loss_gap']):>10}{row['trained_steps']:>8}{_num(row['trained_J']):>12}  {row['status']}"
+            f"{_num(row['loss_gap']):>10}{_num(row.get('grad_error')):>10}{row['trained_steps']:>8}{_num(row['trained_J']):>12}  {row['status']}"
         )
     for event in report["switches"]:
         lines.append(f"  step {event['step']}: {event['from']} -> {event['to']} ({event['reason']})")
