@@ -39,6 +39,13 @@ noise-free curves of the card and selector (the pick within 2 % of the optimum);
 adaptive search's steps on the noise-free curves when told ``noise=0`` (it then trusts the zero spread of
 its calibration window instead of pooling it with the 3 % prior): what the noise prior costs without noise.
 
+What a user pays (issue 30): beside each search, a sweep given the search's number of windows (Zeus's order,
+stopped there, Zeus's selector over what it measured: "eq-bud"), and the energy regret of both over a run of
+10^4 and 10^6 steps: every profiling window's steps at its limit and the rest of the run at the pick, against
+every step at the selector's true optimum, in % of that run's energy (negative for time-weighted selectors: a
+pick below the optimum saves energy and costs time). Set ``held-out issue 30``: a flat top, a gentle slope and a
+clock-floor cliff written as curves (:class:`PlateauSlopeCliff`, 7 to 16 limits), never used while tuning.
+
 Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
 ``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
 results (only the run time), and they do not depend on ``--jobs``.
@@ -150,9 +157,44 @@ def held_out_gpu(family: str, card: str) -> SimulatedGPU:
                         static_W=static, idle_W=idle, **options)
 
 
+class PlateauSlopeCliff:
+    """Issue 30's held-out shape, written as curves (not the simulator): a flat top (limits at or above
+    ``top_W`` do not cap: same power and time), a gentle slope (below it the draw is the limit and time grows
+    by ``slope`` per 25 W), then a clock-floor cliff (below ``floor_W`` the card throttles: time x ``cliff``,
+    90 % of the limit drawn). Per step at the reference: 1 s, ``top_W`` W."""
+
+    def __init__(self, low: int, high: int, top_W: float, floor_W: float, slope: float, cliff: float = 2.5) -> None:
+        self.min_limit_W, self.max_limit_W = low, high
+        self.top_W, self.floor_W, self.slope, self.cliff = top_W, floor_W, slope, cliff
+
+    def step_time_s(self, limit_W: float) -> float:
+        if limit_W < self.floor_W:
+            return self.cliff
+        return 1.0 + self.slope * max(self.top_W - limit_W, 0.0) / PL_STEP_W
+
+    def step_energy_J(self, limit_W: float) -> float:
+        power_W = 0.9 * limit_W if limit_W < self.floor_W else min(float(limit_W), self.top_W)
+        return power_W * self.step_time_s(limit_W)
+
+
+ISSUE30_FAMILY = "flat top, gentle slope, cliff"
+ISSUE30_CARDS = {  # name: (min W, max W, flat above W, cliff below W, time slope per 25 W)
+    "13 limits 100-400 W, slope 2 %": (100, 400, 300.0, 175.0, 0.02),
+    "13 limits 100-400 W, slope 3 %": (100, 400, 300.0, 175.0, 0.03),
+    "13 limits 100-400 W, slope 3.5 %": (100, 400, 300.0, 175.0, 0.035),
+    "16 limits 150-525 W, slope 2.5 %": (150, 525, 425.0, 225.0, 0.025),
+    "7 limits 150-300 W, slope 3 %": (150, 300, 250.0, 175.0, 0.03),
+}
+
+
+def issue30_gpu(family: str, card: str) -> PlateauSlopeCliff:
+    return PlateauSlopeCliff(*ISSUE30_CARDS[card])
+
+
 CURVE_SETS = {  # name: (families, cards, card factory, seed offset)
     "tuned": (FAMILIES, CARDS, family_gpu, 0),
     "held-out": (tuple(HELD_OUT_FAMILIES), HELD_OUT_CARDS, held_out_gpu, HELD_OUT_SEED_OFFSET),
+    "held-out issue 30": ((ISSUE30_FAMILY,), ISSUE30_CARDS, issue30_gpu, 2 * HELD_OUT_SEED_OFFSET),
 }
 CURVE_SET_IDS = {name: i for i, name in enumerate(CURVE_SETS)}
 MAX_WINDOWS_PER_LIMIT = 12  # noise draws per limit and repetition (more than any search profiles one limit)
@@ -251,9 +293,18 @@ def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int,
     """Profile what the search asks for; the k-th window at a limit is the truth times ``draws(limit, k)``.
 
     Returns (profiling steps, windows, choice)."""
+    return profile_run(search, truth, draws)[:3]
+
+
+def profile_run(search, truth: dict[int, LimitProfile], draws, max_windows: float = math.inf):
+    """Profile what the search asks for; the k-th window at a limit is the truth times ``draws(limit, k)``.
+
+    Returns (profiling steps, windows, choice, the limits profiled in order); ``max_windows`` stops it early
+    (the equal-budget sweep)."""
     seen: dict[int, LimitProfile] = {}
-    steps, windows, previous = WAIT_STEPS, 0, None
-    while (limit := search.next_limit(seen, previous)) is not None:
+    steps, windows, previous, order = WAIT_STEPS, 0, None, []
+    while windows < max_windows and (limit := search.next_limit(seen, previous)) is not None:
+        order.append(limit)
         p = truth[limit]
         k = seen[limit].window_count if limit in seen else 0
         energy_factor, time_factor = draws(limit, k)
@@ -262,7 +313,22 @@ def run_search(search, truth: dict[int, LimitProfile], draws) -> tuple[int, int,
         steps += PROFILE_STEPS + (WARMUP_STEPS if limit != previous else 0)
         windows += 1
         previous = limit
-    return steps, windows, search.choose(seen)
+    return steps, windows, search.choose(seen), order
+
+
+RUN_STEPS = (10_000, 1_000_000)  # training runs the energy regret is reported for
+
+
+def regret_J(order: list[int], choice: int, truth: dict[int, LimitProfile], best: int, run_steps: int) -> float:
+    """Energy (J) a run of ``run_steps`` steps pays beyond training every step at the true optimum ``best``:
+    each profiling window's steps (warm-up + profile) at its limit, then the rest of the run at ``choice``."""
+    optimum_J = truth[best].energy_per_step_J
+    paid_J, steps, previous = 0.0, WAIT_STEPS, None
+    for limit in order:
+        window_steps = PROFILE_STEPS + (WARMUP_STEPS if limit != previous else 0)
+        paid_J += window_steps * (truth[limit].energy_per_step_J - optimum_J)
+        steps, previous = steps + window_steps, limit
+    return paid_J + max(run_steps - steps, 0) * (truth[choice].energy_per_step_J - optimum_J)
 
 
 def _case_seed(seed: int, curve_set: str, *indices: int) -> np.random.Generator:
@@ -296,7 +362,10 @@ def _family_card_cases(args: tuple) -> list[dict]:
             case = {"family": family, "card": card, "selector": label, "noise": noise, "reps": n,
                     "grid_limits": len(grid), "comparison_search_good": comparison_good,
                     "sweep": {"steps": [], "good": []},
-                    "adaptive": {"steps": [], "good": [], "windows": []}}
+                    "adaptive": {"steps": [], "good": [], "windows": []},
+                    "equal_budget_sweep": {"steps": [], "good": []},
+                    "regret_J": {f"{name} {n}": [] for name in ("sweep", "adaptive") for n in RUN_STEPS},
+                    "optimum_energy_per_step_J": truth[judge.best].energy_per_step_J}
             for _ in range(n):
                 table = 1 + noise * rng.standard_normal((len(grid), MAX_WINDOWS_PER_LIMIT, 2))
 
@@ -305,11 +374,18 @@ def _family_card_cases(args: tuple) -> list[dict]:
 
                 for name, search in (("sweep", ExhaustiveSweep(grid, objective)),
                                      ("adaptive", AdaptiveSearch(grid, objective))):
-                    steps, windows, choice = run_search(search, truth, draws)
+                    steps, windows, choice, order = profile_run(search, truth, draws)
                     case[name]["steps"].append(steps)
                     case[name]["good"].append(judge.good(choice))
+                    for run_steps in RUN_STEPS:
+                        case["regret_J"][f"{name} {run_steps}"].append(
+                            regret_J(order, choice, truth, judge.best, run_steps))
                     if name == "adaptive":
                         case[name]["windows"].append(windows)
+                        # the sweep given the search's windows: Zeus's order, stopped there, choice from those
+                        steps, _, choice, _ = profile_run(ExhaustiveSweep(grid, objective), truth, draws, windows)
+                        case["equal_budget_sweep"]["steps"].append(steps)
+                        case["equal_budget_sweep"]["good"].append(judge.good(choice))
             case["adaptive"]["windows_mean"] = float(np.mean(case["adaptive"]["windows"]))
             if noise == 0:  # what the noise prior costs when there is no noise: the search trusting zero spread
                 trusting = AdaptiveSearch(grid, objective, noise=0.0)
@@ -347,6 +423,16 @@ def block(selected: list[dict]) -> dict:
     diff = np.array([a - s for c in selected for a, s in zip(c["adaptive"]["good"], c["sweep"]["good"])], dtype=float)
     out["success_diff"] = float(diff.mean())
     out["success_diff_se"] = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else 0.0
+    equal = np.array([g for c in selected for g in c["equal_budget_sweep"]["good"]], dtype=float)
+    out["equal_budget_sweep"] = {"success": float(equal.mean()),
+                                 "success_se": float(math.sqrt(equal.mean() * (1 - equal.mean()) / len(equal))),
+                                 "steps_mean": float(np.mean([s for c in selected
+                                                              for s in c["equal_budget_sweep"]["steps"]]))}
+    out["regret_percent"] = {}  # mean energy regret as % of the run's energy at the true optimum
+    for key in selected[0]["regret_J"]:
+        run_steps = int(key.split()[-1])
+        out["regret_percent"][key] = float(np.mean([100 * r / (run_steps * c["optimum_energy_per_step_J"])
+                                                    for c in selected for r in c["regret_J"][key]]))
     out["step_ratio"] = out["adaptive"]["steps_mean"] / out["sweep"]["steps_mean"]
     out["success_not_lower"] = out["success_diff"] >= -1e-12
     out["significantly_lower"] = out["success_diff"] + SIGNIFICANT_SE * out["success_diff_se"] < 0
@@ -366,6 +452,9 @@ def summarise(cases: list[dict]) -> dict:
         "by_selector": {s: block([c for c in cases if c["selector"] == s]) for s in selectors},
         "by_noise": {f"{noise:.0%}": block([c for c in cases if c["noise"] == noise]) for noise in NOISE_LEVELS},
         "all": block(cases),
+        "by_grid_size": {f"{n} limits": {sel: block([c for c in cases if c["grid_limits"] == n and c["selector"] == sel])
+                                         for sel in selectors}
+                         for n in sorted({c["grid_limits"] for c in cases})},
         "by_card_and_selector": by_card_and_selector(cases),
     }
 
@@ -422,7 +511,7 @@ def format_bound_table(table: dict) -> str:
 
 
 def format_row(label: str, b: dict) -> str:
-    s, a = b["sweep"], b["adaptive"]
+    s, a, r = b["sweep"], b["adaptive"], b["regret_percent"]
     if b["goal_met"]:
         verdict = "goal"
     elif b["success_not_lower"]:
@@ -431,12 +520,14 @@ def format_row(label: str, b: dict) -> str:
         verdict = "LOWER (significant)" if b["significantly_lower"] else "lower, within noise"
     return (f"{label:<36} {s['success']:>6.1%} {s['success_se']:>5.1%} {s['steps_mean']:>5.0f}   {a['success']:>6.1%}"
             f" {a['success_se']:>5.1%} {a['steps_mean']:>5.0f}  {b['success_diff']:>+6.1%} {b['success_diff_se']:>5.1%}"
-            f" {b['step_ratio']:>5.2f}  {verdict}")
+            f" {b['step_ratio']:>5.2f} {b['equal_budget_sweep']['success']:>6.1%}"
+            f" {r['sweep 10000']:>6.2f} {r['adaptive 10000']:>6.2f} {r['sweep 1000000']:>6.3f}"
+            f" {r['adaptive 1000000']:>6.3f}  {verdict}")
 
 
 def format_tables(summary: dict) -> str:
     header = (f"{'':<36} {'sweep':>6} {'±se':>5} {'steps':>5}   {'search':>6} {'±se':>5} {'steps':>5}  {'diff':>6}"
-              f" {'±se':>5} {'ratio':>5}  verdict")
+              f" {'±se':>5} {'ratio':>5} {'eq-bud':>6} {'rgS1e4':>6} {'rgA1e4':>6} {'rgS1e6':>6} {'rgA1e6':>6}  verdict")
     lines = []
     for family, by_selector in summary["by_family_and_selector"].items():
         lines += ["", f"== {family} (per selector; cards and noise 0-5 % pooled; diff: paired search - sweep)",
@@ -448,6 +539,13 @@ def format_tables(summary: dict) -> str:
     lines += ["", "== all families, per noise level", header, "-" * len(header)]
     lines += [format_row(f"noise {noise}", b) for noise, b in summary["by_noise"].items()]
     lines.append(format_row("all", summary["all"]))
+    for size, by_selector in summary["by_grid_size"].items():
+        lines += ["", f"== {size} (families, cards and noise 0-5 % pooled)", header, "-" * len(header)]
+        lines += [format_row(selector, b) for selector, b in by_selector.items()]
+    lines += ["", "eq-bud: success of a sweep stopped after the search's number of windows (Zeus's order); "
+              "rgS/rgA 1e4/1e6: mean energy regret of sweep / search in % of a run of 10^4 / 10^6 steps at the true "
+              "optimum (profiling windows at their limits + the rest of the run at the pick, against every step at "
+              "the selector's true optimum; negative: less energy than the optimum, bought with time)"]
     return "\n".join(lines)
 
 
@@ -466,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100, help="repetitions per noisy case (default 100)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sets", nargs="+", choices=sorted(CURVE_SETS), default=["tuned", "held-out"],
+    parser.add_argument("--sets", nargs="+", choices=sorted(CURVE_SETS), default=list(CURVE_SETS),
                         help="curve sets: the families the search was tuned on, and held-out families, cards and "
                              f"seeds (seed + {HELD_OUT_SEED_OFFSET})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -489,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + goal_line(summary))
         results[curve_set] = {
             "summary": summary,
-            "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive")}
+            "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive", "equal_budget_sweep", "regret_J")}
+                      | {"equal_budget_sweep_success": float(np.mean(c["equal_budget_sweep"]["good"])),
+                         "regret_J_mean": {k: float(np.mean(v)) for k, v in c["regret_J"].items()}}
                       | {name: {"success": float(np.mean(c[name]["good"])), "good": int(np.sum(c[name]["good"])),
                                 "steps_mean": float(np.mean(c[name]["steps"]))} for name in ("sweep", "adaptive")}
                       | {"adaptive_windows_mean": c["adaptive"]["windows_mean"]}

@@ -9,8 +9,8 @@ import torch
 def test_rank_gpu_lives_in_gpu_control_and_names_its_caller():
     from lightning_energy.optimize.power_limit.gpu_control import rank_gpu
 
-    with pytest.raises(RuntimeError, match=r"^BatchSizeSearch needs an NVIDIA GPU's power limits, but this rank "
-                                           r"trains on cpu\. .*SimulatedGPU"):
+    with pytest.raises(RuntimeError, match=r"^BatchSizeSearch needs a GPU's power limits \(NVIDIA, or AMD on ROCm\), "
+                                           r"but this rank trains on cpu\. .*SimulatedGPU"):
         rank_gpu(torch.device("cpu"), "BatchSizeSearch")
     with pytest.raises(RuntimeError, match=r"^PowerLimitOptimizer needs"):
         rank_gpu(torch.device("cpu"))

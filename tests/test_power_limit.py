@@ -160,7 +160,9 @@ def test_adaptive_search_falls_back_to_the_sweep_when_not_unimodal():
     search = AdaptiveSearch(GRID, objective)
     order, chosen = run_adaptive(search, full)
     assert search.fell_back({x: full[x] for x in order})
-    assert set(order) == set(GRID)  # the exhaustive sweep
+    # the sweep within the sweep's own profiling (issue 30: a hard cap): every limit but the one the calibration
+    # window costs, the limits beside the cheapest profiled ones first
+    assert len(set(order)) >= len(GRID) - 1 and search.spent_windows <= search.sweep_cost()
     assert chosen == objective.select(list(full.values())) == 175  # the valley the coarse points miss
 
 
@@ -170,7 +172,8 @@ def test_adaptive_max_slowdown_falls_back_when_time_is_not_monotonic():
     full = {x: LimitProfile(x, 1.0, t, 1) for x, t in times.items()}
     search = AdaptiveSearch(GRID, objective)
     order, _ = run_adaptive(search, full)
-    assert search.fell_back({x: full[x] for x in order}) and set(order) == set(GRID)
+    assert search.fell_back({x: full[x] for x in order}) and len(set(order)) >= len(GRID) - 1  # the sweep, capped
+    assert search.spent_windows <= search.sweep_cost()
 
 
 def test_exhaustive_sweep_is_zeus_order_and_grid():

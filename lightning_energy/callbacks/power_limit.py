@@ -311,12 +311,10 @@ class PowerLimitOptimizer(MeteredCallback):
         back first) and write the crash marker before any change; persistence mode on, as Zeus does before
         changing limits. Restored by :meth:`_restore`. ``gpu_control.CardInUseError`` (the card untouched)
         where another live controller has the card."""
-        with contextlib.redirect_stdout(io.StringIO()):
-            from zeus.device.gpu import ZeusGPUNoPermissionError
         controller = gpu_control.LimitController(gpu, f"PowerLimitOptimizer (pid {os.getpid()})")
         try:
             controller.take()
-        except ZeusGPUNoPermissionError as err:
+        except gpu_control.permission_errors() as err:  # Zeus's (NVIDIA) or amdsmi's NO_PERM (AMD)
             controller.restore()
             raise RuntimeError(f"PowerLimitOptimizer cannot set GPU power limits ({err}). " + PERMISSION_FIXES) from err
         self._controller = controller

@@ -19,11 +19,13 @@ bound). Measurements carry run-to-run noise: bounds and comparisons use a noise 
 spread of one window, from repeated windows pooled with the ``noise`` prior; none on the best profile's own
 measurement where a bound shares it), and a pick within noise of another is settled by repeating windows
 (at most ``max_repeats`` more per limit): from the exploration budget first, then from a separate settle
-budget, so that an unsettled choice gets more profiling rather than a coin toss (the search may then spend
-more windows than the sweep); a pick resting on one window always gets a second. Windows are ranked by
-possible gain per step, so a repeat of the limit just profiled (no warm-up) goes first. When profiles
-break either fact beyond noise the search falls back to Zeus's exhaustive sweep: more profiling, never a
-worse guess.
+budget; a tie that repeated windows show to be exact (no noise at all) is not settled; a pick resting on one
+window gets a second. Windows are ranked by possible gain per step, so a repeat of the limit just profiled (no
+warm-up) goes first. The sweep's profiling (every limit once, each after a limit change) is a hard cap: a
+window that would pass it is not profiled and the choice is made from what is measured; once the windows still
+worth profiling would not all fit, those beside the best profiled limit go first. When profiles break either
+fact beyond noise the search falls back to Zeus's exhaustive sweep within the same cap (the calibration window
+may leave one limit out: the limits beside the cheapest profiled ones go first).
 
 DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
 limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
@@ -61,6 +63,7 @@ DEFAULT_REPEAT_BUDGET = 6  # most extra windows while exploring (the noise calib
 DEFAULT_SETTLE_BUDGET = 2
 # Warm-up steps per window after a limit change, as a share of the profile steps (Zeus's defaults: 10 / 40).
 DEFAULT_WARMUP_SHARE = 0.25
+EXACT_REL = 1e-9  # windows (and costs) agreeing to this relative precision are equal: float rounding only
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
 
 
@@ -302,9 +305,9 @@ class AdaptiveSearch:
     against power on it is convex (time goes as 1/clock, power is convex increasing in the clock; the
     throttled limits below a clock floor are one point of it). Time inside a gap is then above the secants
     through its ends and their outer neighbours, which rules out far gaps of a smooth curve. The search
-    stops when no gap and no near-tie is left, or when the budgets are spent: then it may have profiled
-    more windows than the sweep (every limit once), never more than the grid plus both budgets plus one
-    confirmation per limit.
+    stops when no gap and no near-tie is left, when the budgets are spent, or when the next window would take
+    its profiling past the sweep's (every limit once after a limit change, in profile windows
+    ``len(grid) * (1 + warmup_share)``: :meth:`sweep_cost`, against :attr:`spent_windows`).
 
     For max slowdown: a bisection for the lowest limit whose time meets the constraint, repeating the pick
     while it may truly break the constraint by more than ``tolerance``, and the limit below while it may
@@ -364,6 +367,9 @@ class AdaptiveSearch:
         self._repeats_left = repeat_budget
         self._settles_left = settle_budget
         self._split_limits: set[int] = set()  # limits profiled to split a near-tie (they count as repeats)
+        self._spent = 0.0  # profiling spent so far, in profile windows (warm-ups as ``warmup_share`` of one)
+        self._counted_windows = 0  # windows counted into ``_spent``
+        self._last_counted: int | None = None  # the limit of the last window counted
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
     def plan(self) -> dict:
@@ -398,6 +404,38 @@ class AdaptiveSearch:
         if any(p is None for p in profiled.values()):
             raise ValueError("the adaptive search needs the measurements of every profiled limit")
         self._previous = previous  # the limit just profiled: a repeat there needs no warm-up
+        self._count_spent(profiled, previous)
+        limit = self._next_uncapped(profiled)
+        if limit is not None and self._spent + self._window_cost(limit) > self.sweep_cost() * (1.0 + 1e-9):
+            return None  # the sweep's profiling is a hard cap: the choice is made from what is measured
+        return limit
+
+    def sweep_cost(self) -> float:
+        """What Zeus's sweep profiles, in profile windows: every limit once, each after a limit change."""
+        return len(self.grid) * (1.0 + self.warmup_share)
+
+    @property
+    def spent_windows(self) -> float:
+        """Profiling spent so far in profile windows (a warm-up counts ``warmup_share`` of one)."""
+        return self._spent
+
+    def _count_spent(self, profiled: Mapping[int, LimitProfile], previous: int | None) -> None:
+        """Adds the windows profiled since the last call to :attr:`spent_windows`: a window right after one at
+        the same limit costs 1, any other ``1 + warmup_share`` (also every window of unknown order, e.g. a
+        profile given at once: never less than was spent)."""
+        total = sum(p.window_count for p in profiled.values())
+        if total < self._counted_windows:  # a fresh search on the same object
+            self._spent, self._counted_windows, self._last_counted = 0.0, 0, None
+        new = total - self._counted_windows
+        if new == 1 and previous is not None:
+            self._spent += 1.0 if previous == self._last_counted else 1.0 + self.warmup_share
+        else:
+            self._spent += new * (1.0 + self.warmup_share)
+        if new:
+            self._last_counted = previous
+        self._counted_windows = total
+
+    def _next_uncapped(self, profiled: Mapping[int, LimitProfile]) -> int | None:
         self._split_limits &= set(profiled)  # a fresh search on the same object starts again
         spent = sum(p.window_count - 1 for p in profiled.values()) + len(self._split_limits)
         self._repeats_left = self.repeat_budget - spent
@@ -411,11 +449,45 @@ class AdaptiveSearch:
         if bottom not in profiled:
             return bottom
         if self.fell_back(profiled):
-            rest = next((limit for limit in self.grid if limit not in profiled), None)
+            rest = self._fallback_next(profiled)
             return rest if rest is not None else self._settle(profiled)
         if self.objective.is_threshold:
             return self._threshold_step(profiled)
         return self._cost_step(profiled)
+
+    @staticmethod
+    def _noise_free(done: list[LimitProfile]) -> bool:
+        """True when repeated windows were measured and every one repeats its limit's first exactly (to
+        :data:`EXACT_REL`): the measurements show no noise, so equal costs are an exact tie, not a near-tie to
+        settle (with any run-to-run noise two windows never agree to that precision)."""
+        repeated = False
+        for p in done:
+            windows = p.windows
+            if len(windows) < 2:
+                continue
+            repeated = True
+            e0, t0 = windows[0][0] / windows[0][2], windows[0][1] / windows[0][2]
+            for e, t, n in windows[1:]:
+                if abs(e / n - e0) > EXACT_REL * e0 or abs(t / n - t0) > EXACT_REL * t0:
+                    return False
+        return repeated
+
+    def _fallback_next(self, profiled: Mapping[int, LimitProfile]) -> int | None:
+        """The sweep's next limit once the bounds fail. Every limit is profiled while the cap allows; the
+        calibration window may leave one out, so for a cost the limits beside the cheapest profiled ones come
+        first (a valley the coarse points missed is found before a limit between two costly ones)."""
+        rest = [limit for limit in self.grid if limit not in profiled]
+        if not rest or self.objective.is_threshold:
+            return rest[0] if rest else None
+        done = sorted(profiled)
+        costs = self.objective.costs([profiled[limit] for limit in done])
+
+        def neighbour_cost(limit: int) -> float:  # the cheapest profiled limit next to it on the grid
+            i = self.grid.index(limit)
+            beside = [self.grid[j] for j in (i - 1, i + 1) if 0 <= j < len(self.grid) and self.grid[j] in costs]
+            return min((costs[x] for x in beside), default=math.inf)
+
+        return min(rest, key=lambda limit: (neighbour_cost(limit), -limit))
 
     def _window_cost(self, limit: int) -> float:
         """The cost of a window at ``limit`` in profile windows: 1, plus the warm-up after a limit change."""
@@ -437,7 +509,10 @@ class AdaptiveSearch:
         best_cost = costs[best.limit_W]
         sigma = self.noise_level(profiled)
         top = done[-1]
-        actions = []  # (possible gain beyond the tolerance, limit to profile, whether it splits a near-tie)
+        # (possible gain beyond the tolerance, limit to profile, whether it splits a near-tie, whether it is beside
+        # the best profiled limit)
+        actions = []
+        in_play = 0.0  # the profiling the windows still worth a look would cost (a promising gap: its bisection)
         convex = gaps and self._looks_convex(done, sigma)
         for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
@@ -447,10 +522,15 @@ class AdaptiveSearch:
             gain = (best_cost - bound) / best_cost - self.tolerance
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
-                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit)), False))
+                touches = lo is best or hi is best
+                actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit)), False, touches))
+                in_play += math.ceil(math.log2(len(inside) + 1)) * (1.0 + self.warmup_share)  # its bisection
+        exact = self._noise_free(done)
         for p in done:
             if p is best:
                 continue
+            if exact and abs(costs[p.limit_W] - best_cost) <= EXACT_REL * best_cost:
+                continue  # an exact tie (repeated windows show no noise): nothing to settle, the higher limit wins
             spread = sigma * math.hypot(best_cost / math.sqrt(best.window_count),
                                         costs[p.limit_W] / math.sqrt(p.window_count))
             gain = (best_cost - costs[p.limit_W] + CONFIDENCE_Z * spread) / best_cost - self.tolerance
@@ -460,19 +540,28 @@ class AdaptiveSearch:
             between = [limit for limit in self.grid if low < limit < high and limit not in profiled] if gaps else []
             if between and self._repeats_left > 0:  # a new limit between the two: another candidate (counted)
                 middle = (low + high) / 2
-                actions.append((gain, min(between, key=lambda limit: (abs(limit - middle), -limit)), True))
+                actions.append((gain, min(between, key=lambda limit: (abs(limit - middle), -limit)), True, True))
+                in_play += 1.0 + self.warmup_share
                 continue
             again = min((q for q in (best, p) if self._can_repeat(q)),  # fewer windows; ties: no warm-up first
                         key=lambda q: (q.window_count, q.limit_W != self._previous), default=None)
             if again is not None:
-                actions.append((gain, again.limit_W, False))
+                actions.append((gain, again.limit_W, False, True))
+                in_play += self._window_cost(again.limit_W)
         if not actions:
             # the winner's curse: the lowest of many noisy single windows is biased low, so a pick resting on one
             # window gets a second one (an unbiased look) before it is final; from no budget: a limit profiled
             # late (a gap's middle) would otherwise be chosen on its one lucky window once the budgets are spent
             confirm = best.window_count < 2 and sigma > 0 and len(done) > 2 and self.max_repeats > 0
             return best.limit_W if confirm else None
-        _, limit, splits = max(actions, key=lambda action: (action[0] / self._window_cost(action[1]), action[1]))
+        # under the cap (the sweep's profiling) not every window worth profiling may fit: then the windows beside the
+        # best profiled limit (its gaps, its near-ties) go first, so the last affordable windows look where the
+        # optimum most likely is rather than at a wide gap's lower bound far from it
+        pressed = in_play > self.sweep_cost() - self._spent
+        if pressed:
+            _, limit, splits, _ = max(actions, key=lambda a: (a[3], a[0] / self._window_cost(a[1]), a[1]))
+        else:
+            _, limit, splits, _ = max(actions, key=lambda a: (a[0] / self._window_cost(a[1]), a[1]))
         if splits:
             self._split_limits.add(limit)
         return limit
