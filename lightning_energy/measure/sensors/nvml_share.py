@@ -48,13 +48,14 @@ from lightning_energy.measure.sensors.shared_gpu import (
     DUE_SLACK_S,
     SHARE_WINDOW_S,
     SPLIT_UNSUPPORTED,
+    PicklesWithoutLock,
     ShareRule,
     own_process_ids,
     samples_of,
 )
 
 
-class NvmlProcessShareSensor(NvmlGpuSensor):
+class NvmlProcessShareSensor(PicklesWithoutLock, NvmlGpuSensor):
     """This process's estimated share of NVIDIA GPU ``nvml_index``'s energy (scope ``"device"``,
     ``estimated=True``; named ``gpu<index>_share`` by default). ``window_s``: how often (s) the share is set
     again from NVML's per-process samples; the other arguments are
@@ -94,15 +95,6 @@ class NvmlProcessShareSensor(NvmlGpuSensor):
         that measurement uses (:func:`~lightning_energy.measure.sensors.nvml.nvml_index_of_cuda_device`; raises
         as it does). ``kwargs``: the constructor's other arguments."""
         return cls(nvml_index_of_cuda_device(cuda_index, kwargs.get("pynvml_module")), **kwargs)
-
-    def __getstate__(self) -> dict:  # a lock cannot be copied or pickled (DDP spawn pickles the callbacks)
-        state = dict(self.__dict__)
-        state.pop("_lock", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ labels
     @property

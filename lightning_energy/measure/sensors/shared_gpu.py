@@ -127,6 +127,20 @@ def pid_namespace_is_initial() -> bool | None:
         return None
 
 
+class PicklesWithoutLock:
+    """Copies and pickles (DDP spawn pickles the callbacks and their sensors) without ``_lock``, which cannot be
+    copied: the copy gets a fresh one."""
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
 @dataclass(frozen=True)
 class OtherProcesses:
     """One listing's other processes: ``count``, their PIDs (``pids``; under ``"assumed"`` every listed PID,
@@ -159,7 +173,7 @@ def count_other_processes(listed: Iterable[int], own: Iterable[int],
 
 
 # ------------------------------------------------------------------------------------------- detection
-class CardSharing:
+class CardSharing(PicklesWithoutLock):
     """Whether other processes compute on one card, from NVML's listings over a run.
 
     The sensor asks :meth:`due` (at most every ``interval_s`` on ``clock``), queries NVML and hands the answer
@@ -188,15 +202,6 @@ class CardSharing:
         self.other_pids_seen: set[int] = set()
         self.other_pids_dropped = 0  # seen beyond MAX_PIDS_KEPT
         self.warned = not warn  # ``warn=False``: no warning (a sensor whose figure is the split itself)
-
-    def __getstate__(self) -> dict:  # a lock cannot be copied or pickled
-        state = dict(self.__dict__)
-        state.pop("_lock", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     @property
     def checked(self) -> bool:
