@@ -44,6 +44,7 @@ from lightning_energy.core.figures import (
 from lightning_energy.measure.meter import Mark, Meter, measure
 from lightning_energy.measure.sampler import Sampler
 from lightning_energy.measure.sensors.detect import duplicate_device_sensors
+from lightning_energy.measure.sensors.base import described
 
 LOOP_KINDS = ("val", "test", "predict")
 RETAIN_MARGIN_S = 1.0  # points kept before a boundary whose common time is settled later (distributed)
@@ -482,9 +483,9 @@ class Timeline:
         ``CUDA_VISIBLE_DEVICES``) would count it twice, so the lowest rank keeps it (by the card's UUID).
         The first call is a collective (every rank settles the same first boundary); later ones are free."""
         if self._left_out is None:
-            described = [_description(self.sampler.series[n].sensor) for n in self.meter.sensor_names
+            descriptions = [described(self.sampler.series[n].sensor) for n in self.meter.sensor_names
                          if n in self.sampler.series]
-            skip = duplicate_device_sensors(self.collective.gather(described))
+            skip = duplicate_device_sensors(self.collective.gather(descriptions))
             self._left_out = {name for rank, name in skip if rank == self.collective.rank}
         return [n for n in self.meter.sensor_names if n not in self._left_out]
 
@@ -534,15 +535,3 @@ class Timeline:
     def close(self) -> None:
         self.sampler.retain(self, None)
         self.listeners.clear()
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def _description(sensor) -> dict:
-    """``sensor.describe()``, or its name alone if that raises (a user's sensor): every rank must reach the
-    collective that follows."""
-    try:
-        return dict(sensor.describe())
-    except Exception:
-        return {"name": sensor.name}

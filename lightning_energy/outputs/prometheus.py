@@ -73,6 +73,7 @@ from typing import Any
 from lightning_energy.extras import check_installed
 from lightning_energy.measure.sensors.detect import duplicate_device_sensors
 from lightning_energy.measure.series import bound_between
+from lightning_energy.measure.sensors.base import described
 
 EXTRA = "prometheus"  # the pip extra that installs prometheus-client
 DEFAULT_JOB = "lightning_energy"
@@ -190,8 +191,8 @@ class PrometheusExporter:
         session = attachment.session
         collective = self._collective = session.collective
         self.rank = collective.rank
-        described = [_describe(s) for s in attachment.sensors]
-        duplicates = duplicate_device_sensors(collective.gather(described))
+        descriptions = [described(s) for s in attachment.sensors]
+        duplicates = duplicate_device_sensors(collective.gather(descriptions))
         left_out = frozenset(name for rank, name in duplicates if rank == collective.rank)
         if collective.local_rank == 0 and self.port is not None and self._server is None:
             self._serve()
@@ -490,12 +491,3 @@ def _plus(a: float | None, b: float | None) -> float | None:
 
 def _nothing() -> None:
     return None
-
-
-def _describe(sensor) -> dict:
-    """``sensor.describe()``, or its name alone if that raises (a user's sensor): every rank must reach the
-    gather that follows."""
-    try:
-        return dict(sensor.describe())
-    except Exception:
-        return {"name": sensor.name}

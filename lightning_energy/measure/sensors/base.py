@@ -107,6 +107,15 @@ class Sensor:
         return f"{type(self).__name__}(name={self.name!r}, scope={self.scope!r})"
 
 
+def described(sensor: Sensor) -> dict:
+    """``sensor.describe()``, or its name alone if that raises (a user's sensor): every rank must reach the
+    collective that follows a description."""
+    try:
+        return dict(sensor.describe())
+    except Exception:
+        return {"name": sensor.name}
+
+
 def validate_sensors(sensors: object, argument: str = "sensors") -> list[Sensor]:
     """Check a user-given list of sensors: Sensor instances with a usable kind and unique names."""
     if isinstance(sensors, Sensor):
