@@ -302,7 +302,7 @@ def test_a_checkpoint_at_an_epoch_end_holds_only_the_callbacks_own_sensors(tmp_p
 def test_a_sensor_whose_description_raises_still_takes_part_in_the_card_count():
     """Under DDP every rank gathers its sensors' descriptions once: one that raises must not keep a rank from
     the collective (the others would wait for ever)."""
-    from lightning_energy.core.timeline import _description
+    from lightning_energy.measure.sensors.base import described as _description  # the one the timeline uses
 
     class Broken(SimulatedSensor):
         def describe(self):
