@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export OMP_NUM_THREADS ?= 1
 export CODECARBON_LOG_LEVEL ?= error
 
-.PHONY: venv demo test test-lowest test-gpu bench bench-gpu gpu-wheels gpu-check gpu-check-dry clean
+.PHONY: venv demo test test-durations test-lowest test-gpu bench bench-gpu gpu-wheels gpu-check gpu-check-dry clean
 
 venv: $(STAMP)
 
@@ -21,10 +21,16 @@ demo: venv
 	$(PY) -m baler_lit.demo
 
 # Test processes in parallel (pytest-xdist): one per CPU ("logical"); TEST_WORKERS=0 runs them in this process.
+# The schedule (tests/suite_schedule.py): a module's fixture is built on one worker, the heaviest tests go first.
 TEST_WORKERS ?= logical
+SCHEDULE := --dist loadgroup --no-loadscope-reorder
 
 test: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(SCHEDULE) -m "not gpu"
+
+# Record each test's seconds in tests/durations.json, the order the schedule starts them in.
+test-durations: venv
+	LIGHTNING_ENERGY_RECORD_DURATIONS=$(CURDIR)/tests/durations.json $(PY) -m pytest -q -n $(TEST_WORKERS) $(SCHEDULE) -m "not gpu"
 
 # The lowest supported Lightning (constraints-lowest.txt pins 2.5.6) in place of the venv's, for the integration
 # tests that reach Lightning's hooks and private attributes (integration/lightning_internals.py): lightning and
@@ -42,7 +48,7 @@ $(LOWEST_STAMP): constraints-lowest.txt $(STAMP)
 test-lowest: $(LOWEST_STAMP)
 	PYTHONPATH=$(CURDIR)/$(LOWEST_SITE) $(PY) -c "import lightning, lightning.pytorch as pl; \
 		assert lightning.__version__ == pl.__version__ == '2.5.6', lightning.__version__; print('Lightning', lightning.__version__)"
-	PYTHONPATH=$(CURDIR)/$(LOWEST_SITE) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu" $(LOWEST_TESTS)
+	PYTHONPATH=$(CURDIR)/$(LOWEST_SITE) $(PY) -m pytest -q -n $(TEST_WORKERS) $(SCHEDULE) -m "not gpu" $(LOWEST_TESTS)
 
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu

@@ -429,6 +429,26 @@ def _keep_one_energy_callback(callbacks: list) -> list:
     return kept
 
 
+def lean_loop_settings(config: Any, kwargs: dict) -> dict:
+    """The Trainer arguments that make the training loop cheaper (:mod:`baler_lit.lean_loop`), where the config
+    leaves them to Lightning: :class:`~baler_lit.lean_loop.LeanProfiler` when no ``trainer.profiler`` is set, and
+    a throttled progress bar (appended to ``trainer.callbacks`` of ``config``) when the bar is on and the config
+    names none. Returns ``kwargs`` with the profiler added."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from .lean_loop import LeanProfiler, lean_progress_bar
+
+    kwargs = dict(kwargs)
+    if config.get("trainer.profiler") is None and kwargs.get("profiler") is None:
+        kwargs["profiler"] = LeanProfiler()
+    callbacks = config.get("trainer.callbacks")
+    callbacks = list(callbacks) if isinstance(callbacks, list) else [] if callbacks is None else [callbacks]
+    if config.get("trainer.enable_progress_bar") is not False and not any(isinstance(c, ProgressBar)
+                                                                         for c in callbacks):
+        config["trainer.callbacks"] = [*callbacks, lean_progress_bar()]
+    return kwargs
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if not isinstance(exc, OSError) or not text else f"{text} ({type(exc).__name__})"
@@ -530,7 +550,7 @@ def run_lightning(argv: Sequence[str] | None) -> int:
             callbacks = config.get("trainer.callbacks")
             if isinstance(callbacks, list):
                 config["trainer.callbacks"] = _keep_one_energy_callback(callbacks)
-            return super().instantiate_trainer(**kwargs)
+            return super().instantiate_trainer(**lean_loop_settings(config, kwargs))
 
         def before_fit(self) -> None:
             check_resumable(self.config_init.get("fit", self.config_init).get("ckpt_path"))

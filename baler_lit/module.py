@@ -23,6 +23,7 @@ a one-batch epoch does not pay a multi-megabyte file write.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -277,6 +278,11 @@ class BalerModule(L.LightningModule):
                 mode="min",
             )
         ]
+
+
+# Lightning reads ``training_step``'s signature at every step (``inspect.getfullargspec``, to decide whether to pass
+# ``batch_idx``): about 30 us to parse it anew each time, 5 us from the signature stored here (the same signature).
+BalerModule.training_step.__signature__ = inspect.signature(BalerModule.training_step)
 
 
 class BalerCheckpoint(ModelCheckpoint):

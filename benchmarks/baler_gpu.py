@@ -41,7 +41,6 @@ os.environ.setdefault("CODECARBON_LOG_LEVEL", "error")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402

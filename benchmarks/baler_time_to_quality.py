@@ -10,7 +10,8 @@ on the same normalised training rows, in this one process, timed the same way, t
   batch 512, its per-epoch ``training.fit``) for its default ``--original-epochs`` (the CMS example's 25; more
   targets with e.g. ``--original-epochs 25,500``); its quality is the held-out mean squared error per value
   (normalised units) of its final model, and its time the wall time of those epochs;
-- **ours**: ``BalerModule`` in a Lightning Trainer with EnergyCallback (no logger, no progress bar) under each
+- **ours**: ``BalerModule`` in a Lightning Trainer with EnergyCallback (no logger, no progress bar; the lean
+  profiler ``baler-lit fit`` installs, :mod:`baler_lit.lean_loop`) under each
   configuration of ``lightning-energy recommend``'s levers that apply here (:data:`CONFIGS`: dtype float64 ->
   float32, learning rate ×3/×10, batch ÷4, shuffling), stopping at the first epoch whose held-out error is at or
   below the target (at most ``--max-epochs``). Time to quality: wall seconds from the start of training to the end
@@ -140,6 +141,7 @@ def run_ours(train, held_out, target: float, config: tuple, max_epochs: int) -> 
     import torch
 
     from baler_lit.data import TensorBatches
+    from baler_lit.lean_loop import LeanProfiler
     from baler_lit.module import BalerModule
     from lightning_energy import EnergyCallback
 
@@ -166,6 +168,7 @@ def run_ours(train, held_out, target: float, config: tuple, max_epochs: int) -> 
 
     trainer = L.Trainer(max_epochs=max_epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[energy, UntilTarget()],
+                        profiler=LeanProfiler(),  # as `baler-lit fit` runs (baler_lit.lean_loop)
                         default_root_dir=tempfile.mkdtemp(prefix="baler_ttq_"))
     trainer.fit(module, train_dataloaders=TensorBatches(x, batch, shuffle=shuffle, seed=0))
     report = energy.report or {}

@@ -46,7 +46,12 @@ every step at the selector's true optimum, in % of that run's energy (negative f
 pick below the optimum saves energy and costs time). Set ``held-out issue 30``: a flat top, a gentle slope and a
 clock-floor cliff written as curves (:class:`PlateauSlopeCliff`, 7 to 16 limits), never used while tuning.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2]``; writes
+Set ``held-out off-model`` (issue 30 item 2): shapes the search's DVFS model does not capture, written as curves
+(:class:`OffModelCurve`: a thermal hump at the top, a memory-clock cliff with two minima, a non-DVFS power law) on
+7, 13 and 25 limits. ``--model`` also runs the search with DVFS-model pruning (``model_pruning=True``) on the same
+draws (columns "model"); the table "per grid size x noise x selector" gives both against the sweep.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/power_limit_search.py [--reps 300] [--jobs 2] [--model]``; writes
 ``benchmarks/results/power_limit_search.json``. Simulated clocks only: a shared machine does not disturb the
 results (only the run time), and they do not depend on ``--jobs``.
 """
@@ -60,6 +65,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
+import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -71,7 +77,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightning_energy.simulate.gpu_sim import SimulatedGPU, StepModel  # noqa: E402
-from lightning_energy.io import atomic_write_json  # noqa: E402
+from lightning_energy.io import atomic_write_text  # noqa: E402
 from lightning_energy.optimize.power_limit.search import (  # noqa: E402
     AdaptiveSearch,
     ExhaustiveSweep,
@@ -133,6 +139,9 @@ HELD_OUT_CARDS = {  # name: (min W, max W, static W, idle W)
     "A40 100-300 W": (100, 300, 70.0, 30.0),
     "RTX 4090 150-450 W": (150, 450, 90.0, 25.0),
     "L40S 200-350 W": (200, 350, 90.0, 35.0),
+    # a 25-limit grid (no card's real range: an H100 SXM's floor is 200 W); static power below the floor, as the
+    # simulator requires
+    "wide 100-700 W": (100, 700, 90.0, 60.0),
 }
 HELD_OUT_FAMILIES = {  # name: (demand as a multiple of the max limit, compute fraction, host share, card options)
     "steep, low voltage floor": (1.35, 0.9, 0.0, {"voltage_floor": 0.5}),
@@ -183,6 +192,7 @@ ISSUE30_CARDS = {  # name: (min W, max W, flat above W, cliff below W, time slop
     "13 limits 100-400 W, slope 3 %": (100, 400, 300.0, 175.0, 0.03),
     "13 limits 100-400 W, slope 3.5 %": (100, 400, 300.0, 175.0, 0.035),
     "16 limits 150-525 W, slope 2.5 %": (150, 525, 425.0, 225.0, 0.025),
+    "25 limits 100-700 W, slope 2 %": (100, 700, 550.0, 250.0, 0.02),
     "7 limits 150-300 W, slope 3 %": (150, 300, 250.0, 175.0, 0.03),
 }
 
@@ -191,11 +201,66 @@ def issue30_gpu(family: str, card: str) -> PlateauSlopeCliff:
     return PlateauSlopeCliff(*ISSUE30_CARDS[card])
 
 
+class OffModelCurve:
+    """Shapes written as curves, not by the simulator, that the search's DVFS model
+    (:mod:`lightning_energy.optimize.power_limit.dvfs_model`) does not capture: a smooth base (time rises as the
+    square of the cut below ``knee`` of the range, up to ``1 + rise``; the card draws 97 % of the limit there and
+    ``knee``'s draw above it), and on it
+
+    - ``"thermal"``: the top limits run hot: time grows linearly above 80 % of the range to ``1 + thermal`` at
+      the top (the top limit is slower than a lower one: monotonic time breaks);
+    - ``"memory cliff"``: below 45 % of the range the memory clock drops: time x 1.15 and power x 0.85 there
+      (two local minima of energy);
+    - ``"power law"``: no cliff, but time goes as ``(max / L) ** 0.6`` below ``knee`` and the draw is 90 % of the
+      limit plus 8 % of the range (a curve in the model's family only approximately).
+    Per step at the top: 1 s."""
+
+    def __init__(self, shape: str, low: int, high: int, knee: float = 0.85, rise: float = 0.6,
+                 thermal: float = 0.04) -> None:
+        self.shape, self.min_limit_W, self.max_limit_W = shape, low, high
+        self.knee_W, self.rise, self.thermal = low + knee * (high - low), rise, thermal
+
+    def step_time_s(self, limit_W: float) -> float:
+        low, high = self.min_limit_W, self.max_limit_W
+        cut = max(self.knee_W - limit_W, 0.0) / (self.knee_W - low)
+        if self.shape == "power law":
+            time = (self.knee_W / min(limit_W, self.knee_W)) ** 0.6
+        else:
+            time = 1.0 + self.rise * cut * cut
+        if self.shape == "thermal" and limit_W > low + 0.8 * (high - low):
+            time *= 1.0 + self.thermal * (limit_W - low - 0.8 * (high - low)) / (0.2 * (high - low))
+        if self.shape == "memory cliff" and limit_W < low + 0.45 * (high - low):
+            time *= 1.15
+        return time
+
+    def step_energy_J(self, limit_W: float) -> float:
+        low, high = self.min_limit_W, self.max_limit_W
+        capped = min(float(limit_W), self.knee_W)
+        power_W = 0.9 * capped + 0.08 * (high - low) if self.shape == "power law" else 0.97 * capped
+        if self.shape == "memory cliff" and limit_W < low + 0.45 * (high - low):
+            power_W *= 0.85
+        return power_W * self.step_time_s(limit_W)
+
+
+OFF_MODEL_FAMILIES = ("thermal", "memory cliff", "power law")
+OFF_MODEL_CARDS = {  # name: (min W, max W): 7, 13 and 25 limits of 25 W
+    "7 limits 150-300 W": (150, 300),
+    "13 limits 100-400 W": (100, 400),
+    "25 limits 100-700 W": (100, 700),
+}
+
+
+def off_model_gpu(family: str, card: str) -> OffModelCurve:
+    return OffModelCurve(family, *OFF_MODEL_CARDS[card])
+
+
 CURVE_SETS = {  # name: (families, cards, card factory, seed offset)
     "tuned": (FAMILIES, CARDS, family_gpu, 0),
     "held-out": (tuple(HELD_OUT_FAMILIES), HELD_OUT_CARDS, held_out_gpu, HELD_OUT_SEED_OFFSET),
     "held-out issue 30": ((ISSUE30_FAMILY,), ISSUE30_CARDS, issue30_gpu, 2 * HELD_OUT_SEED_OFFSET),
+    "held-out off-model": (OFF_MODEL_FAMILIES, OFF_MODEL_CARDS, off_model_gpu, 3 * HELD_OUT_SEED_OFFSET),
 }
+SEARCHES = ("sweep", "adaptive", "model")  # model: the adaptive search with DVFS-model pruning (``--model``)
 CURVE_SET_IDS = {name: i for i, name in enumerate(CURVE_SETS)}
 MAX_WINDOWS_PER_LIMIT = 12  # noise draws per limit and repetition (more than any search profiles one limit)
 
@@ -338,7 +403,7 @@ def _case_seed(seed: int, curve_set: str, *indices: int) -> np.random.Generator:
 
 def _family_card_cases(args: tuple) -> list[dict]:
     """Every selector and noise level of one family on one card (one worker's share)."""
-    reps, seed, curve_set, fi, ci = args
+    reps, seed, curve_set, fi, ci, with_model = args
     families, cards, make_gpu, seed_offset = CURVE_SETS[curve_set]
     family, card = families[fi], list(cards)[ci]
     gpu = make_gpu(family, card)
@@ -363,8 +428,9 @@ def _family_card_cases(args: tuple) -> list[dict]:
                     "grid_limits": len(grid), "comparison_search_good": comparison_good,
                     "sweep": {"steps": [], "good": []},
                     "adaptive": {"steps": [], "good": [], "windows": []},
+                    "model": {"steps": [], "good": []},
                     "equal_budget_sweep": {"steps": [], "good": []},
-                    "regret_J": {f"{name} {n}": [] for name in ("sweep", "adaptive") for n in RUN_STEPS},
+                    "regret_J": {f"{name} {n}": [] for name in SEARCHES for n in RUN_STEPS},
                     "optimum_energy_per_step_J": truth[judge.best].energy_per_step_J}
             for _ in range(n):
                 table = 1 + noise * rng.standard_normal((len(grid), MAX_WINDOWS_PER_LIMIT, 2))
@@ -372,8 +438,11 @@ def _family_card_cases(args: tuple) -> list[dict]:
                 def draws(limit, k, table=table):
                     return float(table[index[limit], k, 0]), float(table[index[limit], k, 1])
 
-                for name, search in (("sweep", ExhaustiveSweep(grid, objective)),
-                                     ("adaptive", AdaptiveSearch(grid, objective))):
+                runs = [("sweep", ExhaustiveSweep(grid, objective)),
+                        ("adaptive", AdaptiveSearch(grid, objective, model_pruning=False))]
+                if with_model:
+                    runs.append(("model", AdaptiveSearch(grid, objective, model_pruning=True)))
+                for name, search in runs:
                     steps, windows, choice, order = profile_run(search, truth, draws)
                     case[name]["steps"].append(steps)
                     case[name]["good"].append(judge.good(choice))
@@ -388,17 +457,17 @@ def _family_card_cases(args: tuple) -> list[dict]:
                         case["equal_budget_sweep"]["good"].append(judge.good(choice))
             case["adaptive"]["windows_mean"] = float(np.mean(case["adaptive"]["windows"]))
             if noise == 0:  # what the noise prior costs when there is no noise: the search trusting zero spread
-                trusting = AdaptiveSearch(grid, objective, noise=0.0)
+                trusting = AdaptiveSearch(grid, objective, noise=0.0, model_pruning=False)
                 steps, _, choice = run_search(trusting, truth, lambda limit, k: (1.0, 1.0))
                 case["adaptive_without_noise_prior"] = {"steps": steps, "good": judge.good(choice)}
             cases.append(case)
     return cases
 
 
-def benchmark(reps: int, seed: int, curve_set: str = "tuned", jobs: int = 1) -> list[dict]:
+def benchmark(reps: int, seed: int, curve_set: str = "tuned", jobs: int = 1, with_model: bool = False) -> list[dict]:
     """Every case of a curve set; ``jobs`` worker processes (the results do not depend on it)."""
     families, cards, _, _ = CURVE_SETS[curve_set]
-    work = [(reps, seed, curve_set, fi, ci) for fi in range(len(families)) for ci in range(len(cards))]
+    work = [(reps, seed, curve_set, fi, ci, with_model) for fi in range(len(families)) for ci in range(len(cards))]
     if jobs > 1:
         import multiprocessing
 
@@ -428,8 +497,21 @@ def block(selected: list[dict]) -> dict:
                                  "success_se": float(math.sqrt(equal.mean() * (1 - equal.mean()) / len(equal))),
                                  "steps_mean": float(np.mean([s for c in selected
                                                               for s in c["equal_budget_sweep"]["steps"]]))}
+    if selected[0]["model"]["steps"]:  # the search with DVFS-model pruning, paired with the sweep the same way
+        good = np.array([g for c in selected for g in c["model"]["good"]], dtype=float)
+        diff = np.array([a - s for c in selected for a, s in zip(c["model"]["good"], c["sweep"]["good"])], dtype=float)
+        out["model"] = {"success": float(good.mean()), "success_se": float(math.sqrt(good.mean() * (1 - good.mean())
+                                                                                      / len(good))),
+                        "steps_mean": float(np.mean([s for c in selected for s in c["model"]["steps"]])),
+                        "success_diff": float(diff.mean()),
+                        "success_diff_se": float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else 0.0}
+        out["model"]["step_ratio"] = out["model"]["steps_mean"] / out["sweep"]["steps_mean"]
+        out["model"]["significantly_lower"] = (out["model"]["success_diff"]
+                                               + SIGNIFICANT_SE * out["model"]["success_diff_se"] < 0)
     out["regret_percent"] = {}  # mean energy regret as % of the run's energy at the true optimum
     for key in selected[0]["regret_J"]:
+        if not selected[0]["regret_J"][key]:
+            continue
         run_steps = int(key.split()[-1])
         out["regret_percent"][key] = float(np.mean([100 * r / (run_steps * c["optimum_energy_per_step_J"])
                                                     for c in selected for r in c["regret_J"][key]]))
@@ -456,7 +538,41 @@ def summarise(cases: list[dict]) -> dict:
                                          for sel in selectors}
                          for n in sorted({c["grid_limits"] for c in cases})},
         "by_card_and_selector": by_card_and_selector(cases),
+        "by_grid_noise_selector": {
+            f"{n} limits": {f"{noise:.0%}": {sel: block([c for c in cases if c["grid_limits"] == n
+                                                         and c["noise"] == noise and c["selector"] == sel])
+                                             for sel in selectors}
+                            for noise in NOISE_LEVELS}
+            for n in sorted({c["grid_limits"] for c in cases})},
     }
+
+
+def format_grid_tables(summary: dict) -> str:
+    """Per grid size x noise x selector: steps ratio and success against the sweep, regret (issue 30)."""
+    has_model = any("model" in b for by_noise in summary["by_grid_noise_selector"].values()
+                    for by_sel in by_noise.values() for b in by_sel.values())
+    header = (f"{'grid':<10} {'noise':>5} {'selector':<17} {'sweep':>6} {'search':>6} {'diff':>6} {'±se':>5} "
+              f"{'ratio':>5} {'rgS1e4':>6} {'rgA1e4':>6} {'rgS1e6':>6} {'rgA1e6':>6}")
+    if has_model:
+        header += f"  {'model':>6} {'diff':>6} {'±se':>5} {'ratio':>5} {'rgM1e4':>6}"
+    lines = ["", "== per grid size x noise x selector (families and cards pooled; diff: paired, minus the sweep)",
+             header, "-" * len(header)]
+    for size, by_noise in summary["by_grid_noise_selector"].items():
+        for noise, by_sel in by_noise.items():
+            for sel, b in by_sel.items():
+                r = b["regret_percent"]
+                line = (f"{size:<10} {noise:>5} {sel:<17} {b['sweep']['success']:>6.1%} "
+                        f"{b['adaptive']['success']:>6.1%} "
+                        f"{b['success_diff']:>+6.1%} {b['success_diff_se']:>5.1%} {b['step_ratio']:>5.2f} "
+                        f"{r['sweep 10000']:>6.2f} {r['adaptive 10000']:>6.2f} {r['sweep 1000000']:>6.3f} "
+                        f"{r['adaptive 1000000']:>6.3f}" + ("  LOWER" if b["significantly_lower"] else ""))
+                if "model" in b:
+                    m = b["model"]
+                    line += (f"  {m['success']:>6.1%} {m['success_diff']:>+6.1%} {m['success_diff_se']:>5.1%} "
+                             f"{m['step_ratio']:>5.2f} {r['model 10000']:>6.2f}"
+                             + (" LOWER" if m["significantly_lower"] else ""))
+                lines.append(line)
+    return "\n".join(lines)
 
 
 def by_card_and_selector(cases: list[dict]) -> dict:
@@ -560,6 +676,17 @@ def goal_line(summary: dict) -> str:
             f"steps in {met}; lower success than the sweep: {', '.join(lower) or 'none'}")
 
 
+def rounded(value, digits: int = 4):
+    """``value`` with every float rounded to ``digits`` decimals (the JSON keeps summaries, not noise digits)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=100, help="repetitions per noisy case (default 100)")
@@ -569,6 +696,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"seeds (seed + {HELD_OUT_SEED_OFFSET})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (the results do not depend on it)")
+    parser.add_argument("--model", action="store_true",
+                        help="also run the adaptive search with DVFS-model pruning (model_pruning=True)")
     args = parser.parse_args(argv)
     if args.reps < 1:
         parser.error("--reps must be >= 1")
@@ -579,21 +708,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for curve_set in args.sets:
         families, cards, _, seed_offset = CURVE_SETS[curve_set]
-        cases = benchmark(args.reps, args.seed, curve_set, args.jobs)
+        cases = benchmark(args.reps, args.seed, curve_set, args.jobs, args.model)
         summary = summarise(cases)
         print(f"\n######## curve set: {curve_set} (noise seed {args.seed + seed_offset})")
         print(format_tables(summary))
         print(format_bound_table(summary["by_card_and_selector"]))
+        print(format_grid_tables(summary))
         print("\n" + goal_line(summary))
-        results[curve_set] = {
+        results[curve_set] = {  # summaries only (issue 30: the per-case list made the file 1.4 MB)
             "summary": summary,
-            "cases": [{k: v for k, v in c.items() if k not in ("sweep", "adaptive", "equal_budget_sweep", "regret_J")}
-                      | {"equal_budget_sweep_success": float(np.mean(c["equal_budget_sweep"]["good"])),
-                         "regret_J_mean": {k: float(np.mean(v)) for k, v in c["regret_J"].items()}}
-                      | {name: {"success": float(np.mean(c[name]["good"])), "good": int(np.sum(c[name]["good"])),
-                                "steps_mean": float(np.mean(c[name]["steps"]))} for name in ("sweep", "adaptive")}
-                      | {"adaptive_windows_mean": c["adaptive"]["windows_mean"]}
-                      for c in cases],
             "families": list(families), "cards": {k: list(v) for k, v in cards.items()},
             "seed": args.seed + seed_offset,
         }
@@ -601,12 +724,12 @@ def main(argv: list[str] | None = None) -> int:
         "sets": results,
         "settings": {"wait_steps": WAIT_STEPS, "warmup_steps": WARMUP_STEPS, "profile_steps": PROFILE_STEPS,
                      "pl_step_W": PL_STEP_W, "within": WITHIN, "noise_levels": list(NOISE_LEVELS), "reps": args.reps,
-                     "seed": args.seed},
+                     "seed": args.seed, "model_pruning_run": args.model},
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
                     "note": "simulated clocks: counted steps, no timing"},
         "wall_s": time.perf_counter() - start,
     }
-    atomic_write_json(args.out, result)
+    atomic_write_text(args.out, json.dumps(rounded(result), separators=(",", ":")) + "\n")  # compact summaries
     print(f"wrote {args.out} ({result['wall_s']:.1f} s)")
     return 0
 

@@ -21,11 +21,6 @@ from __future__ import annotations
 
 import os
 
-HALVED = os.environ.get("LIGHTNING_ENERGY_TEST_HALVE", "") not in ("", "0")
-TIME_SCALE = 0.5 if HALVED else 1.0  # the factor on every sampling interval
-EPOCHS = 1 if HALVED else 2  # trainer_kwargs' default max_epochs
-ROWS = 160  # tiny_loader's default rows (10 batches of 16)
-
 os.environ.setdefault("CODECARBON_LOG_LEVEL", "error")
 # Lightning 2.6's CLI still calls jsonargparse APIs deprecated in 4.49; not ours to fix.
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
@@ -37,34 +32,11 @@ from torch import nn
 
 from bso_helpers import bso_server  # noqa: F401 - a session fixture: one BSO server for every test module
 from fakes_nvml import FakeClock  # noqa: F401 - the clock the fakes run on, imported by tests from here
-from lightning_energy.measure import sampler as sampler_module
 from lightning_energy.measure.sampler import Sampler
-
-
-def scaled_interval(interval_s: float) -> float:
-    """``interval_s`` (s) as a halved run samples it: unchanged otherwise, and where halving would take it below
-    the sampler's minimum (an interval the sampler refuses stays refused)."""
-    scaled = interval_s * TIME_SCALE
-    return scaled if scaled >= sampler_module.MIN_INTERVAL_S else interval_s
-
-
-def halve_sampling_intervals() -> None:
-    """Make every ``Sampler.acquire`` in this process ask for :func:`scaled_interval` of its interval."""
-    acquire = Sampler.acquire
-    if getattr(acquire, "halved", False):
-        return
-
-    def halved_acquire(self, owner, sensors, interval_s=sampler_module.DEFAULT_INTERVAL_S, start_thread=True):
-        keeps_current = bool(self._owners) and interval_s == self.interval_s  # sensors added mid-run (run.py)
-        return acquire(self, owner, sensors, interval_s if keeps_current else scaled_interval(interval_s),
-                       start_thread)
-
-    halved_acquire.halved = True
-    Sampler.acquire = halved_acquire
-
-
-if HALVED:
-    halve_sampling_intervals()
+from suite_schedule import (pytest_collection_modifyitems, pytest_runtest_logreport,  # noqa: F401 - hooks
+                            pytest_sessionfinish)
+from suite_time import (EPOCHS, HALVED, ROWS, TIME_SCALE, halve_sampling_intervals,  # noqa: F401 - the tests'
+                        scaled_interval, tiny_loader)  # names for them, from a module that imports no Lightning
 
 
 @pytest.fixture
@@ -175,13 +147,6 @@ class FakeTimeSteps(TinyRegressor):
         if self.validation_step_s:
             self.clock.advance(self.validation_step_s)
         return super().validation_step(batch, batch_idx)
-
-
-def tiny_loader(n: int = ROWS, batch_size: int = 16, in_features: int = 16, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, in_features, generator=g)
-    y = x[:, :1] * 0.5 + 0.1 * torch.randn(n, 1, generator=g)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
 
 
 def trainer_kwargs(tmp_path, **overrides) -> dict:

@@ -13,8 +13,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from conftest import tiny_loader  # noqa: E402
 from lightning_energy import EnergyMeter, SimulatedSensor  # noqa: E402
+from suite_time import tiny_loader  # noqa: E402 - not conftest: that imports Lightning
 
 DEVICE_W, HOST_W = 80.0, 25.0
 
@@ -41,6 +41,8 @@ def rank_main(rank: int, out_dir: str, port: int) -> None:
             meter.epoch()
     dist.barrier()
     dist.destroy_process_group()
+    loaded = sorted(m for m in sys.modules if m == "lightning" or m.startswith(("lightning.", "pytorch_lightning")))
+    assert not loaded, f"a plain torch.distributed loop loaded Lightning: {loaded[:3]}"
 
 
 if __name__ == "__main__":

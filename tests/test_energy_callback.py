@@ -11,7 +11,6 @@ import lightning as L
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.loggers.logger import Logger
 
 from conftest import EPOCHS, ROWS, FakeTimeSteps, RecordingLogger, TinyRegressor, tiny_loader, trainer_kwargs
 from lightning_energy import EnergyCallback, SimulatedSensor

@@ -10,15 +10,12 @@ No wall clock: the BMC's power follows the count of its reads or a value the tes
 from __future__ import annotations
 
 import json
-import math
-import os
 import shutil
 import warnings
 from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 
 from conftest import FakeTimeSteps, RecordingLogger, tiny_loader, trainer_kwargs
 from fake_bmc import FakeBmc, make_certificate

@@ -24,6 +24,15 @@ from lightning_energy.optimize.power_limit.profile_file import fit_summary, prof
 
 HERE = Path(__file__).resolve().parent
 GRID = limit_grid(150, 300, 25)
+# 11 limits: past the equal-budget rule of grids under 9 limits (energy and ZeusCost profile every limit once
+# there, in the sweep's order), so the calibration, the repeats and the bounds of the adaptive search are in play
+FINE = limit_grid(150, 300, 15)
+
+
+def interpolated(values: dict[int, float], grid: list[int]) -> dict[int, float]:
+    """``values`` (given at some limits, W) linearly interpolated onto ``grid``."""
+    known = sorted(values)
+    return {x: float(np.interp(x, known, [values[k] for k in known])) for x in grid}
 
 
 def drive(search, truth: dict, factors=None) -> tuple[list[int], dict, int]:
@@ -145,16 +154,19 @@ def test_a_flat_then_cliff_curve_without_noise_gets_the_sweeps_pick():
 
 
 def test_a_near_tie_is_settled_by_repeating_windows():
-    """Two limits 1 % apart with 3 % run-to-run noise assumed: one window each cannot tell them apart, so
-    the search profiles them again (each repeat is a window, counted) before choosing."""
-    times = {300: 1.0, 275: 1.0, 250: 1.01, 225: 1.03, 200: 1.07, 175: 1.12, 150: 1.2}
-    energy = {300: 200.0, 275: 198.0, 250: 196.0, 225: 190.0, 200: 184.0, 175: 181.0, 150: 180.5}  # 175 ~ 150 W
-    full = {x: LimitProfile(x, energy[x], times[x], 1) for x in GRID}
-    order, seen, chosen = drive(AdaptiveSearch(GRID, Objective("energy"), noise=0.03), full)
+    """Limits under 1 % apart with 3 % run-to-run noise assumed: one window each cannot tell them apart, so
+    the search profiles them again (each repeat is a window, counted) before choosing. On 11 limits: on grids
+    under 9 limits energy is the equal-budget sweep, every limit once."""
+    times = interpolated({300: 1.0, 275: 1.0, 250: 1.01, 225: 1.03, 200: 1.07, 175: 1.12, 150: 1.2}, FINE)
+    energy = interpolated({300: 200.0, 275: 198.0, 250: 196.0, 225: 190.0, 200: 184.0, 175: 181.0, 150: 180.5},
+                          FINE)  # 180, 165 and 150 W within 0.5 %
+    full = {x: LimitProfile(x, energy[x], times[x], 1) for x in FINE}
+    search = AdaptiveSearch(FINE, Objective("energy"), noise=0.03)
+    order, seen, chosen = drive(search, full)
     repeated = [x for x in set(order) if order.count(x) > 1 and x != 300]  # 300 W twice is the calibration
     assert repeated and all(seen[x].window_count == order.count(x) for x in set(order))
-    assert chosen == 150 or chosen in seen  # measured, always
-    no_repeats = AdaptiveSearch(GRID, Objective("energy"), noise=0.03, max_repeats=0)
+    assert chosen in seen and search.spent_windows <= search.sweep_cost()  # measured, always; within the cap
+    no_repeats = AdaptiveSearch(FINE, Objective("energy"), noise=0.03, max_repeats=0)
     order_once, _, _ = drive(no_repeats, full)
     assert len(order_once) == len(set(order_once))
 
@@ -354,12 +366,12 @@ def test_windows_are_bounded_by_the_grid_and_both_repeat_budgets():
             assert max(p.window_count for p in seen.values()) <= 4, order
 
 
-def flat_energy_profiles() -> dict[int, LimitProfile]:
+def flat_energy_profiles(grid: list[int] = GRID) -> dict[int, LimitProfile]:
     """Energy per step within 0.6 % over the whole 150-300 W range (time falls with the limit): every limit is
-    within noise of every other under the 3 % prior."""
-    energy = {300: 100.0, 275: 99.8, 250: 99.6, 225: 99.5, 200: 99.4, 175: 99.5, 150: 99.7}
-    times = {300: 1.0, 275: 1.02, 250: 1.05, 225: 1.09, 200: 1.14, 175: 1.2, 150: 1.3}
-    return {x: LimitProfile(x, energy[x], times[x], 1) for x in GRID}
+    within noise of every other under the 3 % prior. Given at 25 W steps, interpolated onto ``grid``."""
+    energy = interpolated({300: 100.0, 275: 99.8, 250: 99.6, 225: 99.5, 200: 99.4, 175: 99.5, 150: 99.7}, grid)
+    times = interpolated({300: 1.0, 275: 1.02, 250: 1.05, 225: 1.09, 200: 1.14, 175: 1.2, 150: 1.3}, grid)
+    return {x: LimitProfile(x, energy[x], times[x], 1) for x in grid}
 
 
 def test_near_ties_left_when_the_exploration_budget_is_spent_are_settled_by_more_windows():
@@ -369,7 +381,8 @@ def test_near_ties_left_when_the_exploration_budget_is_spent_are_settled_by_more
     truth = flat_energy_profiles()
     search = AdaptiveSearch(GRID, Objective("energy"), noise=0.03)
     order, seen, chosen = drive(search, truth)
-    assert any(p.window_count > 1 for x, p in seen.items() if x != 300), order  # near-ties repeated
+    # 7 limits (issue 30, the equal-budget rule): every limit once, Zeus's order, nothing left for repeats
+    assert order == GRID and chosen == Objective("energy").select(list(truth.values())), order
     assert search.spent_windows <= search.sweep_cost() == len(GRID) * (1 + search.warmup_share), order
     assert len(order) <= len(GRID) + search.repeat_budget + search.settle_budget + len(seen)
     assert chosen in seen and truth[chosen].energy_J <= min(p.energy_J for p in truth.values()) * 1.02
@@ -415,26 +428,28 @@ def test_with_5_percent_noise_the_search_succeeds_at_least_as_often_as_the_sweep
 
 def test_a_pick_resting_on_one_window_gets_a_second_before_it_is_final():
     """The winner's curse: the lowest of several noisy single windows is biased low. Exact figures of the
-    V100-like card, energy (optimum 150 W, profiled once by the bisection): the search now profiles the pick
-    again before it ends; the old search chose it on its single window."""
+    V100-like card, energy (optimum 150 W, profiled once early on), 11 limits (under 9 energy is the
+    equal-budget sweep): the search now profiles the pick again before it ends; the old search chose it on its
+    single window."""
     gpu = SimulatedGPU(gpu_index=91)
-    truth = model_profiles(gpu, GRID)
-    order, seen, chosen = drive(AdaptiveSearch(GRID, Objective("energy")), truth)
+    truth = model_profiles(gpu, FINE)
+    order, seen, chosen = drive(AdaptiveSearch(FINE, Objective("energy")), truth)
     assert chosen == 150 and seen[150].window_count == 2 and order[-1] == 150, order
-    exact = AdaptiveSearch(GRID, Objective("energy"), noise=0.0)  # no noise assumed and none measured: no repeat
+    exact = AdaptiveSearch(FINE, Objective("energy"), noise=0.0)  # no noise assumed and none measured: no repeat
     assert drive(exact, truth)[1][150].window_count == 1
 
 
 def test_the_confirming_window_needs_no_budget():
     """A limit profiled after the budgets are spent (here: none beyond the calibration) that becomes the pick still
     gets its second window; the old search took it on its one window. Only the pick, at most once per limit."""
-    truth = model_profiles(SimulatedGPU(gpu_index=91), GRID)
-    search = AdaptiveSearch(GRID, Objective("energy"), repeat_budget=1, settle_budget=0)
+    fine = limit_grid(150, 300, 15)  # 11 limits: past the 7-limit equal-budget rule, the calibration comes back
+    truth = model_profiles(SimulatedGPU(gpu_index=91), fine)
+    search = AdaptiveSearch(fine, Objective("energy"), repeat_budget=1, settle_budget=0)
     order, seen, chosen = drive(search, truth)
     assert chosen == 150 and seen[150].window_count == 2 and order[-1] == 150, order
     assert sum(p.window_count - 1 for p in seen.values()) == 2  # the calibration and the confirmation
-    assert search.plan()["confirmation_windows"] == len(GRID)
-    never = AdaptiveSearch(GRID, Objective("energy"), max_repeats=0)
+    assert search.plan()["confirmation_windows"] == len(fine)
+    never = AdaptiveSearch(fine, Objective("energy"), max_repeats=0)
     assert all(p.window_count == 1 for p in drive(never, truth)[1].values())
 
 
@@ -538,18 +553,19 @@ def counted_steps(order: list[int], warmup_steps: int = 10, profile_steps: int =
 def test_a_repeat_of_the_limit_just_profiled_is_preferred_as_it_needs_no_warm_up():
     """Windows worth profiling are ranked by possible gain per step: told which limit it profiled last, the search
     repeats it rather than an equally promising limit elsewhere (no warm-up). 60 seeded repetitions of 5 % noise
-    on a flat energy curve (many near-ties), the k-th window at a limit the same draw both ways: fewer warm-ups
-    and fewer steps in all, each pick measured. The old search was not told (``previous`` did not exist)."""
-    truth = flat_energy_profiles()
+    on a flat energy curve (many near-ties), 11 limits (under 9 energy is the equal-budget sweep, no repeats),
+    the k-th window at a limit the same draw both ways: fewer warm-ups and fewer steps in all, each pick
+    measured. The old search was not told (``previous`` did not exist)."""
+    truth = flat_energy_profiles(FINE)
     rng = np.random.default_rng(17)
     told, blind = [0, 0], [0, 0]
     for _ in range(60):
-        table = 1 + 0.05 * rng.standard_normal((len(GRID), 12, 2))
+        table = 1 + 0.05 * rng.standard_normal((len(FINE), 12, 2))
 
         def factors(limit, k, table=table):
-            return tuple(table[GRID.index(limit), k])
+            return tuple(table[FINE.index(limit), k])
 
-        order, seen, chosen = drive(AdaptiveSearch(GRID, Objective("energy")), truth, factors)
+        order, seen, chosen = drive(AdaptiveSearch(FINE, Objective("energy")), truth, factors)
         assert chosen in seen
         steps, warmups = counted_steps(order)
         told[0], told[1] = told[0] + steps, told[1] + warmups
@@ -558,23 +574,42 @@ def test_a_repeat_of_the_limit_just_profiled_is_preferred_as_it_needs_no_warm_up
             def next_limit(self, profiled, previous=None):
                 return super().next_limit(profiled, None)
 
-        steps, warmups = counted_steps(drive(Blind(GRID, Objective("energy")), truth, factors)[0])
+        steps, warmups = counted_steps(drive(Blind(FINE, Objective("energy")), truth, factors)[0])
         blind[0], blind[1] = blind[0] + steps, blind[1] + warmups
     assert told[1] < blind[1] and told[0] < blind[0], (told, blind)
 
 
-def test_no_gap_below_the_fastest_limit_is_profiled_for_time_whatever_the_noise():
-    """Time never falls at a lower limit, so for the ``time`` selector no limit below the best can beat it: the
-    best's own measurement is not set against itself in a gap's bound. 60 seeded repetitions of 5 % noise on the
-    V100-like card: the maximum, its calibration window and the minimum, then the maximum chosen. The old search
-    allowed the best's noise in the bound and profiled gaps below it (more than those three windows)."""
+def test_the_gap_below_the_fastest_limit_is_tested_for_time_not_trusted():
+    """Issue 30: "time never falls at a lower limit" is trusted only where a profile could have refuted it. The
+    old search profiled the maximum (twice) and the minimum and picked the maximum, so a thermal top slower than
+    the limits below it (``benchmarks/power_limit_search.py``, held-out off-model) was never seen: the gap beside
+    the fastest profile is now bisected down to its neighbour. 60 seeded repetitions of 5 % noise on the V100-like
+    card: the limit below the maximum is always profiled, within the sweep's profiling, and the pick is truly
+    within 2 % of the fastest at least as often as the sweep's on the same draws (275 W is 3.4 % slower than
+    300 W, inside one window's noise: neither picks well every time); on a thermal top the faster limit below is
+    found."""
     truth = model_profiles(SimulatedGPU(gpu_index=91), GRID)
+    fastest = min(p.time_per_step_s for p in truth.values())
     rng = np.random.default_rng(23)
+    good = {"sweep": 0, "adaptive": 0}
     for _ in range(60):
         table = 1 + 0.05 * rng.standard_normal((len(GRID), 12, 2))
+
+        def factors(limit, k, table=table):
+            return tuple(table[GRID.index(limit), k])
+
         search = AdaptiveSearch(GRID, Objective("time"))
-        order, seen, chosen = drive(search, truth, lambda limit, k, table=table: tuple(table[GRID.index(limit), k]))
-        assert search.fell_back(seen) or (order == [300, 300, 150] and chosen == 300), order
+        order, seen, chosen = drive(search, truth, factors)
+        assert order[:2] == [300, 150] and 275 in order, order
+        assert search.spent_windows <= search.sweep_cost() and chosen in seen
+        good["adaptive"] += truth[chosen].time_per_step_s <= 1.02 * fastest
+        swept = drive(ExhaustiveSweep(GRID, Objective("time")), truth, factors)[2]
+        good["sweep"] += truth[swept].time_per_step_s <= 1.02 * fastest
+    assert good["adaptive"] >= good["sweep"], good
+    thermal = {x: LimitProfile(x, 200.0, t, 1) for x, t in
+               {300: 1.04, 275: 1.0, 250: 1.01, 225: 1.05, 200: 1.1, 175: 1.2, 150: 1.3}.items()}
+    order, _, chosen = drive(AdaptiveSearch(GRID, Objective("time")), thermal)
+    assert chosen == 275 and len(set(order)) < len(GRID), order
 
 
 def threshold_profiles(pick_time: float) -> dict[int, LimitProfile]:
@@ -594,6 +629,7 @@ def test_max_slowdown_settles_the_pick_only_while_it_may_break_the_constraint_be
     5 % prior it may break it by more: repeated. Told a 0 % tolerance, repeated too."""
     profiles = threshold_profiles(0.995 * 1.1)
     slowdown = Objective("max_slowdown", max_slowdown_factor=1.1)
-    assert AdaptiveSearch(GRID, slowdown, noise=0.01).next_limit(profiles, 150) is None
-    assert AdaptiveSearch(GRID, slowdown, noise=0.05).next_limit(profiles, 150) == 250
-    assert AdaptiveSearch(GRID, slowdown, noise=0.01, tolerance=0.0).next_limit(profiles, 150) == 250
+    wide = [300, 290, 275, 260, 250, 225, 200, 175, 150]  # 9 limits: 7 keep the cap for the limits below the pick
+    assert AdaptiveSearch(wide, slowdown, noise=0.01).next_limit(profiles, 150) is None
+    assert AdaptiveSearch(wide, slowdown, noise=0.05).next_limit(profiles, 150) == 250
+    assert AdaptiveSearch(wide, slowdown, noise=0.01, tolerance=0.0).next_limit(profiles, 150) == 250

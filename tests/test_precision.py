@@ -27,7 +27,7 @@ from lightning_energy.optimize.precision.modes import MODE_LEGEND, MODE_NAMES, M
 from lightning_energy.optimize.precision.probe import _silenced_logging, reference_loss
 from power_limit_helpers import install_fake_time
 from precision_helpers import (
-    SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, ModePowerSensor, SimulatedModeCosts,
+    SAMPLER_INTERVAL_S, STEP_SLEEP_S, FaultyRegressor, FollowMode, SimulatedModeCosts,
     SleepyBoringModel,
 )
 

@@ -31,7 +31,6 @@ from lightning_energy.core.run import Attachment, RunSession
 from lightning_energy.extras import MissingExtra
 from lightning_energy.measure.meter import Mark
 from lightning_energy.measure.sampler import Sampler
-from lightning_energy.measure.sensors.base import Sensor
 from lightning_energy.outputs import prometheus as prometheus_output
 from lightning_energy.outputs.prometheus import PrometheusExporter, RankSnapshot
 

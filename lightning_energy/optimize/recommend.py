@@ -46,6 +46,24 @@ reference of every ratio. ``budget_runs`` caps the total number of runs.
 
 Figures: medians over the repeats, ± half their range, CO2 to target from the catalog record's
 intensity and PUE, and the provenance of every joule (measured / estimated / simulated).
+
+**What the search does not show, and the held-out check that does.** The target, the stopping rule, the
+screening, the pick and the search's energies all read one validation split, and the pick's energies are
+the best of several configurations measured on it (a winner's figures are biased low). So the search's own
+ratio is no evidence that the pick's model is as good as the baseline's. :func:`heldout_check` answers that
+after the search: the baseline and the pick trained again with fresh seeds (``seed_everything`` values the
+search never used), interleaved in a random order, each model then evaluated on a **test split** that no
+phase of the search ever read (a separate data file, given only to the test runs:
+:func:`~lightning_energy.optimize.recommend_config.write_holdout_npz`), and :func:`compare_heldout` reports
+both test losses (median ± half range), the energy (J) and the training process's CPU time (s) of each,
+and their ratios (``lightning-energy recommend --test-data FILE`` runs it after the search). The baseline trains
+as its config says (its ``max_epochs``, no stop at the target: what a user of the defaults spends); the pick
+stops at the validation target.
+
+The batch-size lever and a per-batch-sum loss: Baler's loss is summed over a batch, so a validation split
+read in batches of the *training* batch size makes a smaller batch look better at the same model. Where the
+config has an ``eval_batch_size`` key next to the batch size, every run keeps it at the baseline's batch
+size (:func:`~lightning_energy.optimize.recommend_config.with_levers`); where it has none, the notes say so.
 """
 
 from __future__ import annotations
@@ -389,8 +407,141 @@ class Search:
         self.log(f"run {len(self.order):>3} {name}: {trial.name}: {verdict}")
 
 
+# ---------------------------------------------------------------- the held-out check
+DEFAULTS = "defaults"
+RECOMMENDED = "recommended"
+
+
+@dataclass
+class HeldOutRun:
+    """One training of a configuration with a fresh seed, then its model evaluated on the test split.
+
+    ``energy_J``: the fit's energy (J; the pick stops at the validation target, the defaults train all their
+    epochs); ``energy_to_target_J``: to the validation target when reached (else None); ``cpu_s``: CPU time of
+    the training process from the fit's start to its end (s; all its threads); ``time_s``: wall time of the
+    fit (s); ``test_loss``: the test split's ``test_metric`` of the final weights; ``load_average``: the
+    machine's 1-minute load average when the run ended (a busy shared machine stretches the figures).
+    """
+
+    config: str
+    seed: int
+    energy_J: float
+    cpu_s: float
+    time_s: float
+    test_loss: float
+    epochs: int | None = None
+    energy_to_target_J: float | None = None
+    reached: bool = False
+    provenance: str = "unknown"
+    load_average: float | None = None
+    stopped: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(math.isfinite(v) for v in (self.energy_J, self.cpu_s, self.test_loss))
+
+
+class HeldOutRunner(Protocol):
+    def __call__(self, settings: dict[str, Any], name: str, seed: int, stop_at_target: bool) -> HeldOutRun:
+        """Train the baseline with ``settings`` as run ``name`` with ``seed_everything: seed`` (stopping at the
+        validation target when ``stop_at_target``), then evaluate its final weights on the test split."""
+
+
+def heldout_check(runner: HeldOutRunner, recommended: dict[str, Any], seeds: list[int], order_seed: int = 0,
+                  log: Callable[[str], None] | None = None) -> list[HeldOutRun]:
+    """The defaults (``{}``, trained as configured) and the pick (``recommended``, stopped at the validation
+    target) once per seed; each seed's two runs in a random order (a shared machine's drift spreads over both).
+    """
+    if not seeds:
+        raise ValueError("the held-out check needs at least one seed")
+    rng = random.Random(order_seed)
+    log = log or (lambda line: None)
+    runs = []
+    for seed in seeds:
+        pair = [(DEFAULTS, {}, False), (RECOMMENDED, dict(recommended), True)]
+        rng.shuffle(pair)
+        for config, settings, stop in pair:
+            run = runner(settings, f"heldout_{config}_seed{seed}", seed, stop)
+            run.config, run.seed = config, seed
+            runs.append(run)
+            log(f"held out: {config} seed {seed}: {run.energy_J:.4g} J, {run.cpu_s:.3g} CPU s, "
+                f"test loss {run.test_loss:.6g}{'' if run.ok else ' (' + run.stopped + ')'}")
+    return runs
+
+
+DEFAULT_HELDOUT_SEEDS = (1, 2, 3)
+
+
+def parse_seeds(text: str, search_seed: int | None = None) -> list[int]:
+    """``"1,2,3"``: the held-out check's ``seed_everything`` values (distinct integers, none the search's own
+    ``search_seed``); ValueError names the problem."""
+    try:
+        seeds = [int(part) for part in (text or "").split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--test-seeds {text!r}: expected integers separated by commas, e.g. 1,2,3") from None
+    if not seeds or len(set(seeds)) != len(seeds) or any(s < 0 or s > 2**32 - 1 for s in seeds):
+        raise ValueError(f"--test-seeds {text!r}: expected distinct integers in [0, 2**32), e.g. 1,2,3")
+    if search_seed is not None and search_seed in seeds:
+        raise ValueError(f"--test-seeds {text!r}: {search_seed} is the config's seed_everything, which the search "
+                         "trains with: the held-out check needs fresh seeds")
+    return seeds
+
+
+def heldout_metric_for(monitor: str) -> str | None:
+    """The test run's metric that matches the validation ``monitor`` (``val/loss`` -> ``test/loss``,
+    ``val_loss`` -> ``test_loss``), or None when ``monitor`` does not name a validation metric."""
+    match = re.fullmatch(r"val(idation)?([/_.].+)", monitor)
+    return f"test{match.group(2)}" if match else None
+
+
+def _spread(values: list[float]) -> dict:
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if not values:
+        return {"median": math.nan, "pm": math.nan, "min": math.nan, "max": math.nan, "n": 0}
+    return {"median": statistics.median(values), "pm": (max(values) - min(values)) / 2 if len(values) > 1
+            else math.nan, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def compare_heldout(runs: list[HeldOutRun]) -> dict:
+    """Both configurations' test losses, energies and CPU times (median, ± half range, min, max over seeds),
+    the ratios of the medians (defaults / pick: > 1 means the pick spends less), and the verdict.
+
+    ``test_no_worse``: the pick's median test loss is at most the defaults' worst over the seeds (within the
+    defaults' own seed-to-seed spread); ``test_no_worse_strict``: at most the defaults' median. A seed whose
+    run failed counts against the pick: both verdicts are False unless every run of both is complete.
+    """
+    out: dict[str, Any] = {}
+    for config in (DEFAULTS, RECOMMENDED):
+        mine = [r for r in runs if r.config == config]
+        out[config] = {"runs": len(mine), "complete": sum(r.ok for r in mine),
+                       "reached_target": sum(r.reached for r in mine),
+                       **{attr: _spread([getattr(r, attr) for r in mine if r.ok])
+                          for attr in ("test_loss", "energy_J", "cpu_s", "time_s", "energy_to_target_J")},
+                       "epochs": _spread([r.epochs for r in mine if r.ok and r.epochs is not None]),
+                       "load_average": _spread([r.load_average for r in mine]),
+                       "provenance": _combined([r.provenance for r in mine])}
+    d, p = out[DEFAULTS], out[RECOMMENDED]
+    complete = d["complete"] == d["runs"] > 0 and p["complete"] == p["runs"] > 0
+    ratio = (lambda a, b: a / b if b > 0 else math.nan)
+    out["energy_ratio"] = ratio(d["energy_J"]["median"], p["energy_J"]["median"])
+    out["cpu_ratio"] = ratio(d["cpu_s"]["median"], p["cpu_s"]["median"])
+    out["time_ratio"] = ratio(d["time_s"]["median"], p["time_s"]["median"])
+    out["test_no_worse"] = bool(complete and p["test_loss"]["median"] <= d["test_loss"]["max"])
+    out["test_no_worse_strict"] = bool(complete and p["test_loss"]["median"] <= d["test_loss"]["median"])
+    out["test_loss_ratio"] = ratio(p["test_loss"]["median"], d["test_loss"]["median"])
+    return out
+
+
+def _combined(kinds: list[str]) -> str:
+    from lightning_energy.provenance import combine
+
+    kinds = [k for k in kinds if k not in (None, "unknown")]
+    return combine(kinds) if kinds else "unknown"
+
+
 # ---------------------------------------------------------------- the levers of a config
 BATCH_KEYS = ("batch_size",)
+EVAL_BATCH_KEYS = ("eval_batch_size",)
 LR_KEYS = ("lr", "learning_rate")
 SCHEDULE_KEYS = ("lr_patience",)
 SCHEDULE_PATIENCE = 3  # epochs of a ReduceLROnPlateau patience to try (Baler's default is 50)
@@ -433,6 +584,9 @@ def find_levers(config: dict, device: str = "cpu", power_limits_W: list[float] |
         size = batch[1]
         values = tuple(dict.fromkeys(b for b in (size // 4, size // 2, size * 2) if b >= MIN_BATCH and b != size))
         levers.append(Lever("batch_size", batch[0], size, values, "rows per batch"))
+        if eval_batch_path(config, batch[0]) is None:
+            notes.append("batch size: validation batches follow the training batch size (no eval_batch_size "
+                         "beside it): a loss summed per batch then changes with the batch size at the same model")
     else:
         notes.append("batch size: not explored (no batch_size under data or model in the config)")
     lr = config_key(config, "model", LR_KEYS)
@@ -457,6 +611,18 @@ def find_levers(config: dict, device: str = "cpu", power_limits_W: list[float] |
     else:
         notes.append("power limit: not explored (give --power-limits W,W,... to try limits on the GPU)")
     return levers, notes
+
+
+def eval_batch_path(config: dict, batch_path: str) -> str | None:
+    """The dotted key of the evaluation batch size beside ``batch_path`` (``data.eval_batch_size``) where the
+    config has one (any value, null included), else None."""
+    parent = batch_path.rpartition(".")[0]
+    node: Any = config
+    for part in parent.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return None
+    return next((f"{parent}.{k}" for k in EVAL_BATCH_KEYS if k in node), None)
 
 
 def select_levers(levers: list[Lever], names: list[str] | None) -> list[Lever]:

@@ -15,6 +15,14 @@ is kept, with its sensors), ``EnergyToAccuracy`` (stop at the target, give up pa
 ``CatalogCallback`` (the run in the recommendation's catalog, with its lever settings as attributes) and
 ``CompileModel`` when that lever is on. The outcome is read back from the catalog record.
 
+The held-out check (:func:`~lightning_energy.optimize.recommend.heldout_check`) runs through
+:class:`HeldOutConfigRunner`: a ``fit`` with a fresh ``seed_everything`` (:func:`heldout_fit_config`: the run's
+config plus :class:`~lightning_energy.callbacks.fit_probe.FitProbe`, which keeps the training process's CPU
+time and the final weights), then ``CLI test`` of those weights on the test split (:func:`heldout_test_config`:
+the config with the caller's test overlay, e.g. ``data.path`` of the file :func:`write_holdout_npz` wrote, and
+:class:`~lightning_energy.callbacks.test_metrics.TestMetrics`, which keeps the test metrics). The search's runs
+never get that overlay.
+
 Run as a module, this file is that plain LightningCLI: ``python -m lightning_energy.optimize.recommend_config fit
 --config cfg.yaml``.
 """
@@ -32,13 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning_energy.filenames import REPORT_FILE
-from lightning_energy.optimize.recommend import Lever, RunOutcome, Target, co2_g
+from lightning_energy.optimize.recommend import HeldOutRun, Lever, RunOutcome, Target, co2_g, eval_batch_path
 
 DEFAULT_CLI = "lightning_energy.optimize.recommend_config"
 RUN_CONFIG_FILE = "recommend_run.yaml"
 RUN_LOG_FILE = "output.log"
 RUN_ATTRIBUTE = "recommend_run"  # run attribute naming the run in the catalog
-OWNED_CALLBACKS = ("EnergyToAccuracy", "CatalogCallback", "CompileModel")  # the recommender sets these itself
+# the recommender sets these itself
+OWNED_CALLBACKS = ("EnergyToAccuracy", "CatalogCallback", "CompileModel", "FitProbe", "TestMetrics")
 ENERGY_CALLBACK = "lightning_energy.EnergyCallback"
 
 
@@ -94,6 +103,28 @@ def _callbacks(trainer: dict) -> list:
     return list(callbacks) if isinstance(callbacks, list) else [callbacks]
 
 
+def get_path(config: dict, dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _apply(base: dict, levers: dict[str, Lever], settings: dict[str, Any]) -> dict:
+    """A copy of ``base`` with the settings' config keys set, and the evaluation batch size (where the config has
+    the key and leaves it null) kept at the baseline's batch size whatever the batch lever sets."""
+    config = copy.deepcopy(base)
+    for name, value in settings.items():
+        if levers[name].path is not None:
+            set_path(config, levers[name].path, value)
+    batch = levers.get("batch_size")
+    if batch is not None and batch.path is not None:
+        eval_path = eval_batch_path(base, batch.path)
+        if eval_path is not None and get_path(base, eval_path) is None:
+            set_path(config, eval_path, batch.baseline)
+    return config
+
+
 def has_compile(config: dict) -> bool:
     trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
     return any(_class_name(c) == "CompileModel" for c in _callbacks(trainer))
@@ -102,10 +133,7 @@ def has_compile(config: dict) -> bool:
 def with_levers(base: dict, levers: dict[str, Lever], settings: dict[str, Any], target: Target,
                 budget_J: float | None = None) -> dict:
     """The config with ``settings`` applied and the target's callbacks in place (user callbacks kept)."""
-    config = copy.deepcopy(base)
-    for name, value in settings.items():
-        if levers[name].path is not None:
-            set_path(config, levers[name].path, value)
+    config = _apply(base, levers, settings)
     trainer = config.setdefault("trainer", {})
     callbacks = [c for c in _callbacks(trainer) if _class_name(c) not in OWNED_CALLBACKS]
     if not any(_class_name(c) == "EnergyCallback" for c in callbacks):
@@ -218,6 +246,187 @@ class ConfigRunner:
             return None
         matches = [f for f in fits if (f.get("config") or {}).get("run", {}).get(RUN_ATTRIBUTE) == name]
         return matches[-1] if matches else None
+
+
+# ---------------------------------------------------------------- the held-out check
+PROBE_FILE = "fit_probe.json"
+WEIGHTS_FILE = "final.ckpt"
+TEST_CONFIG_FILE = "heldout_test.yaml"
+TEST_METRICS_FILE = "test_metrics.json"
+MAX_METRICS_BYTES = 1 << 20  # a test-metrics file larger than this is not ours
+
+
+def heldout_fit_config(base: dict, levers: dict[str, Lever], settings: dict[str, Any], target: Target,
+                       run_dir: Path, catalog_path: Path, name: str, seed: int, stop_at_target: bool) -> dict:
+    """A held-out run's fit: :func:`run_config` (no budget) with ``seed_everything: seed``, EnergyToAccuracy
+    stopping at the target only when ``stop_at_target``, and
+    :class:`~lightning_energy.callbacks.fit_probe.FitProbe` last."""
+    config = run_config(base, levers, settings, target, None, run_dir, catalog_path, name)
+    config["seed_everything"] = int(seed)
+    for callback in config["trainer"]["callbacks"]:
+        if _class_name(callback) == "EnergyToAccuracy":
+            callback["init_args"]["stop"] = bool(stop_at_target)
+    config["trainer"]["callbacks"].append({
+        "class_path": "lightning_energy.callbacks.fit_probe.FitProbe",
+        "init_args": {"probe_path": str(run_dir / PROBE_FILE), "weights_path": str(run_dir / WEIGHTS_FILE)}})
+    return config
+
+
+def heldout_test_config(base: dict, levers: dict[str, Lever], settings: dict[str, Any], test_overlay: dict,
+                        run_dir: Path) -> dict:
+    """``CLI test`` of a held-out run's weights on the test split: the configuration's keys, then
+    ``test_overlay`` merged (where the test rows are, e.g. ``{"data": {"path": "test.npz"}}``), no logger and
+    :class:`~lightning_energy.callbacks.test_metrics.TestMetrics` as the only callback."""
+    config = merge(_apply(base, levers, settings), copy.deepcopy(test_overlay))
+    trainer = config.setdefault("trainer", {})
+    trainer.update({"logger": False, "default_root_dir": str(run_dir / "test"), "enable_progress_bar": False,
+                    "callbacks": [{"class_path": "lightning_energy.callbacks.test_metrics.TestMetrics",
+                                   "init_args": {"path": str(run_dir / "test" / TEST_METRICS_FILE)}}]})
+    return config
+
+
+DATA_PATH_KEYS = ("path", "data_path", "file", "data_file")  # where a datamodule's config names its data file
+
+
+def heldout_overlay(config: dict, test_file: Path) -> dict:
+    """The test runs' overlay that points the config's data file (``data.path``, or ``data_path``, ``file``,
+    ``data_file``, under ``data`` or ``data.init_args``) at ``test_file``.
+
+    ConfigError when the config names no data file, or names ``test_file`` itself (the search would then
+    read the test rows: no held-out check)."""
+    from lightning_energy.optimize.recommend import config_key
+
+    found = config_key(config, "data", DATA_PATH_KEYS)
+    if found is None:
+        raise ConfigError(f"--test-data: the config names no data file ({' / '.join(DATA_PATH_KEYS)} under data) "
+                          "to point the test runs at")
+    dotted, search_file = found
+    if search_file is not None and _same_file(Path(str(search_file)), test_file):
+        raise ConfigError(f"--test-data {test_file} is the file the search trains on ({dotted}): give rows the "
+                          "search never reads")
+    overlay: dict = {}
+    node = overlay
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = str(test_file)
+    return overlay
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        if path.stat().st_size > MAX_METRICS_BYTES:
+            return None
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class HeldOutConfigRunner(ConfigRunner):
+    """Runs a held-out check's run: ``CLI fit`` (:func:`heldout_fit_config`), then ``CLI test`` of its final
+    weights on the test split (:func:`heldout_test_config`), each in its own process.
+
+    Args:
+        test_overlay: merged into the config of the test runs only (where the test rows are).
+        test_metric: the test run's metric compared (Baler: ``test/loss``).
+        defaults_max_epochs: ``trainer.max_epochs`` of the runs that do not stop at the target (the defaults: the
+            user's own, where the search's runs were given more with ``--max-epochs``); None: ``base``'s.
+        (the others: :class:`ConfigRunner`'s)
+    """
+
+    def __init__(self, base: dict, levers: dict[str, Lever], target: Target, out_dir: Path, test_overlay: dict,
+                 cli: str = DEFAULT_CLI, test_metric: str = "test/loss", timeout_s: float | None = None,
+                 defaults_max_epochs: int | None = None) -> None:
+        super().__init__(base, levers, target, out_dir, cli, timeout_s)
+        self.test_overlay, self.test_metric = test_overlay, test_metric
+        self.defaults_max_epochs = defaults_max_epochs
+
+    def _process(self, command: str, config: dict, run_dir: Path, config_file: str, log_file: str,
+                 extra: list[str]) -> tuple[int | None, str]:
+        import yaml
+
+        from lightning_energy.io import atomic_write_text
+
+        path = atomic_write_text(run_dir / config_file, yaml.safe_dump(_plain(config), sort_keys=False))
+        with open(run_dir / log_file, "wb") as log:
+            try:
+                code = subprocess.run([sys.executable, "-m", self.cli, command, "--config", str(path), *extra],
+                                      stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                                      timeout=self.timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                return None, f"{command} still running after {self.timeout_s:g} s, killed"
+        return code, _last_line(run_dir / log_file)
+
+    def __call__(self, settings: dict[str, Any], name: str, seed: int, stop_at_target: bool) -> HeldOutRun:
+        run_dir = self.out_dir / "runs" / name
+        run_dir.mkdir(parents=True, exist_ok=False)
+        config = heldout_fit_config(self.base, self.levers, settings, self.target, run_dir, self.catalog_path,
+                                    name, seed, stop_at_target)
+        if not stop_at_target and self.defaults_max_epochs is not None:
+            config["trainer"]["max_epochs"] = int(self.defaults_max_epochs)
+        code, last = self._process("fit", config, run_dir, RUN_CONFIG_FILE, RUN_LOG_FILE, [])
+        load = os.getloadavg()[0]
+        record, probe = self._record(name), _read_json(run_dir / PROBE_FILE)
+        failed = HeldOutRun("", seed, math.nan, math.nan, math.nan, math.nan, load_average=load)
+        if record is None or probe is None or not (run_dir / WEIGHTS_FILE).is_file():
+            failed.stopped = f"fit failed (exit code {code}): {last}"
+            return failed
+        metrics = record.get("metrics") or {}
+        reached = "energy_to_target_J" in metrics
+        run = HeldOutRun("", seed, float(record.get("energy_J", math.nan)), float(probe["cpu_s"]),
+                         float(record.get("duration_s", math.nan)), math.nan, record.get("epochs"),
+                         float(metrics["energy_to_target_J"]) if reached else None, reached,
+                         record.get("provenance") or "unknown", load,
+                         "target" if reached and stop_at_target else "max epochs")
+        test = heldout_test_config(self.base, self.levers, settings, self.test_overlay, run_dir)
+        (run_dir / "test").mkdir()
+        code, last = self._process("test", test, run_dir / "test", TEST_CONFIG_FILE, "test_output.log",
+                                   ["--ckpt_path", str(run_dir / WEIGHTS_FILE)])
+        found = _read_json(run_dir / "test" / TEST_METRICS_FILE) or {}
+        if self.test_metric not in found:
+            run.stopped = f"test failed (exit code {code}, no {self.test_metric}): {last}"
+            return run
+        run.test_loss = float(found[self.test_metric])
+        return run
+
+
+def write_holdout_npz(data, out_dir: Path, test_fraction: float, seed: int, names: list[str] | None = None,
+                      dtypes: list[str] | None = None) -> tuple[Path, Path, Any, Any]:
+    """Split the rows (first axis) of ``data`` at random (``seed``) into a search file and a test file in Baler's
+    npz layout (``data``, ``names``, ``dtypes``); returns their paths and the row indices of each (sorted).
+
+    The search is given only the search file (its train/validation split is the config's); the test file is
+    for the held-out check's test runs. ``test_fraction`` in (0, 1) and both parts non-empty, else ValueError.
+    """
+    import numpy as np
+
+    data = np.asarray(data)
+    n = len(data)
+    n_test = int(round(n * test_fraction))
+    if not 0 < test_fraction < 1 or not 0 < n_test < n:
+        raise ValueError(f"test_fraction {test_fraction} of {n} rows leaves no test or no search rows")
+    order = np.random.default_rng(seed).permutation(n)
+    test_idx, search_idx = np.sort(order[:n_test]), np.sort(order[n_test:])
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for part, idx in (("search", search_idx), ("test", test_idx)):
+        arrays = {"data": data[idx], "names": np.asarray(names or [], dtype=str)}
+        if dtypes:
+            arrays["dtypes"] = np.asarray(dtypes, dtype=str)
+        tmp = out_dir / f".{part}.tmp.npz"
+        np.savez(tmp, **arrays)
+        os.replace(tmp, out_dir / f"{part}.npz")
+        paths.append(out_dir / f"{part}.npz")
+    return paths[0], paths[1], search_idx, test_idx
 
 
 def sensor_failures(log_dir: Path) -> str | None:

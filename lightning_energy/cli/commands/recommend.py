@@ -7,6 +7,13 @@ Searches the suite's levers (precision, dtype, batch size, learning rate and sch
 the best energy to target. Writes into ``--out``: ``runs/<run>/`` (each run's config, log and logs),
 ``energy_catalog.sqlite`` (every run), ``recommend.json`` (every run and configuration) and
 ``recommended.yaml`` (``CLI fit --config recommended.yaml`` trains the winner and stops at the target).
+
+``--test-data FILE`` adds the held-out check after the search
+(:func:`~lightning_energy.optimize.recommend.heldout_check`): the config as given (its own ``max_epochs``, no
+stop) and the pick (stopped at the target) trained again with each of ``--test-seeds``, then each model's
+``--test-metric`` on FILE, which no run of the search reads (the config's data file is pointed at it in the test
+runs only). Both test losses (median ± half range over the seeds), their energies and CPU times and the verdict
+go into the table printed and ``recommend.json`` (``heldout``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random run order")
     parser.add_argument("--run-timeout-s", type=float, default=None, help="kill a run after this many seconds")
     parser.add_argument("--out", type=Path, default=Path("runs/recommend"), help="output folder")
+    parser.add_argument("--test-data", type=Path, default=None, metavar="FILE",
+                        help="held-out rows no run of the search reads: after the search, the config as given and "
+                             "the pick are trained again with fresh seeds and both models tested on FILE (the "
+                             "config's data file, e.g. data.path, pointed at FILE in the test runs only)")
+    parser.add_argument("--test-seeds", default=None, metavar="N,N",
+                        help="seed_everything values of the held-out check (default 1,2,3; never the config's own)")
+    parser.add_argument("--test-metric", default=None, metavar="METRIC",
+                        help="the test run's metric compared (default: the target's, val -> test: test/loss)")
     parser.add_argument("--dry-run", action="store_true", help="print the levers and the most runs, and stop")
 
 
@@ -72,6 +87,9 @@ def run(args) -> int:
     if args.cli is None and not (isinstance(model, dict) and "class_path" in model):
         raise CommandError("the config's model has no class_path, so the plain LightningCLI cannot build it: give "
                            "the LightningCLI module that reads this config with --cli (e.g. --cli baler_lit.cli)")
+    heldout = _heldout_settings(args, base, target)
+    defaults_max_epochs = (base.get("trainer") or {}).get("max_epochs") if isinstance(base.get("trainer"), dict) \
+        else None
     if args.max_epochs is not None:
         set_path(base, "trainer.max_epochs", args.max_epochs)
     device = _device(base)
@@ -88,6 +106,10 @@ def run(args) -> int:
     print(f"target {target}; device {device}; {len(levers)} levers, {alternatives} alternatives; "
           f"{screen} run(s) each screened, {repeats} confirmed; at most {most} runs"
           + (f" (capped at {args.budget_runs})" if args.budget_runs else ""))
+    if heldout is not None:
+        print(f"held-out check on {args.test_data}: the config as given and the pick, seeds "
+              f"{','.join(map(str, heldout['seeds']))}: {2 * len(heldout['seeds'])} more runs (each a fit and a "
+              f"test of {heldout['metric']})")
     for lever in levers:
         print(f"  {lever.name:<13} {lever.baseline!s:>10} -> {', '.join(map(str, lever.alternatives))}  ({lever.what})")
     for note in notes:
@@ -96,11 +118,42 @@ def run(args) -> int:
         return 0
     if args.out.exists() and any(args.out.iterdir()):
         raise CommandError(f"--out {args.out} is not empty; give a new folder")
+    if heldout is not None:
+        heldout["defaults_max_epochs"] = defaults_max_epochs
     return _search(args, base, levers, notes, target, (screen, repeats), beta, limits, device,
-                   args.cli or DEFAULT_CLI)
+                   args.cli or DEFAULT_CLI, heldout)
 
 
-def _search(args, base, levers, notes, target, repeats, beta, limits, device, cli) -> int:
+def _heldout_settings(args, base: dict, target) -> dict | None:
+    """The held-out check's test overlay, seeds and metric from ``--test-*``, or None without ``--test-data``;
+    CommandError (one line, exit 2) for anything unusable, before any run starts."""
+    from lightning_energy.cli.commands import CommandError
+    from lightning_energy.optimize.recommend import DEFAULT_HELDOUT_SEEDS, heldout_metric_for, parse_seeds
+    from lightning_energy.optimize.recommend_config import ConfigError, heldout_overlay
+
+    if args.test_data is None:
+        for name, value in (("--test-seeds", args.test_seeds), ("--test-metric", args.test_metric)):
+            if value is not None:
+                raise CommandError(f"{name} needs --test-data FILE (the held-out rows to test on)")
+        return None
+    if not args.test_data.is_file():
+        what = "is not a file" if args.test_data.exists() else "does not exist"
+        raise CommandError(f"--test-data {args.test_data} {what}")
+    search_seed = base.get("seed_everything")
+    search_seed = search_seed if isinstance(search_seed, int) and not isinstance(search_seed, bool) else None
+    try:
+        overlay = heldout_overlay(base, args.test_data)
+        seeds = parse_seeds(args.test_seeds or ",".join(map(str, DEFAULT_HELDOUT_SEEDS)), search_seed)
+    except (ConfigError, ValueError) as err:
+        raise CommandError(str(err)) from None
+    metric = args.test_metric or heldout_metric_for(target.monitor)
+    if not metric or not metric.strip():
+        raise CommandError(f"--test-metric: {target.monitor} names no validation metric to map to its test "
+                           "metric: give the test run's metric, e.g. --test-metric test/loss")
+    return {"file": args.test_data, "overlay": overlay, "seeds": seeds, "metric": metric.strip()}
+
+
+def _search(args, base, levers, notes, target, repeats, beta, limits, device, cli, heldout=None) -> int:
     screen, repeats = repeats
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.io import atomic_write_json, atomic_write_text
@@ -128,11 +181,14 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
         print(format_effects(effects))
     summary = summary_lines(result, beta)
     print("\n".join(summary + [f"note: {n}" for n in notes]))
+    check = _run_heldout(args, base, by_name, target, cli, result, heldout) if heldout is not None else None
     header = [f"Recommended by `lightning-energy recommend` for {target}: {result.recommended.name}",
               f"energy to target {rows_by(rows, result.recommended.name)['energy_J']:.4g} J "
               f"({rows_by(rows, result.recommended.name)['provenance']}) against the baseline's "
               f"{rows_by(rows, 'baseline')['energy_J']:.4g} J; EnergyToAccuracy stops training at the target.",
               f"Run: python -m {cli} fit --config {RECOMMENDED_YAML}"]
+    if check is not None:
+        header.insert(2, heldout_line(check["verdict"], check["metric"]))
     text = recommended_yaml(base, by_name, result.recommended.settings, target, header)
     document = {"target": str(target), "monitor": target.monitor, "value": target.value, "mode": target.mode,
                 "device": device, "repeats": repeats, "screen_repeats": screen, "beta": beta, "cli": cli,
@@ -143,9 +199,75 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
                 "winners": result.winners, "configurations": rows, "lever_effects": effects, "runs": result.runs,
                 "skipped": result.skipped, "budget_exhausted": result.budget_exhausted, "order": result.order,
                 "notes": summary + notes}
+    if check is not None:
+        document["heldout"] = {"test_data": str(heldout["file"]), "metric": check["metric"],
+                               "seeds": heldout["seeds"], "defaults_max_epochs": heldout["defaults_max_epochs"],
+                               **check["verdict"], "runs": check["runs"]}
     print(f"wrote {atomic_write_json(args.out / RESULTS_JSON, document)}")
     print(f"wrote {atomic_write_text(args.out / RECOMMENDED_YAML, text)}")
     return 0
+
+
+def _run_heldout(args, base, by_name, target, cli, result, heldout) -> dict:
+    """The held-out check after the search: both configurations trained with each seed and tested; prints its
+    table and verdict line."""
+    from lightning_energy.optimize.recommend import compare_heldout, heldout_check
+    from lightning_energy.optimize.recommend_config import HeldOutConfigRunner
+
+    runner = HeldOutConfigRunner(base, by_name, target, args.out / "heldout", heldout["overlay"], cli,
+                                 heldout["metric"], args.run_timeout_s, heldout["defaults_max_epochs"])
+    print()
+    print(f"held-out check on {heldout['file']} (seeds {','.join(map(str, heldout['seeds']))}): the config as "
+          f"given, all its epochs, and the pick ({result.recommended.name}), stopped at the target")
+    runs = heldout_check(runner, result.recommended.settings, heldout["seeds"], order_seed=args.seed, log=print)
+    verdict = compare_heldout(runs)
+    print()
+    print(format_heldout(verdict, heldout["metric"]))
+    print(heldout_line(verdict, heldout["metric"]))
+    return {"verdict": verdict, "metric": heldout["metric"], "runs": [vars(r) for r in runs]}
+
+
+def _pm(spread: dict) -> tuple:
+    return _blank(spread["median"]), _blank(spread["pm"])
+
+
+def format_heldout(verdict: dict, metric: str) -> str:
+    """The held-out check's two configurations: the test metric, energy (J), CPU time (s), wall time (s) and
+    epochs of the fit, median ± half range over the seeds, with the provenance of the joules."""
+    from lightning_energy.optimize.recommend import DEFAULTS, RECOMMENDED
+
+    rows = []
+    for config, label in ((DEFAULTS, "config as given"), (RECOMMENDED, "recommended")):
+        part = verdict[config]
+        rows.append([label, f"{part['complete']}/{part['runs']}", part["reached_target"], *_pm(part["test_loss"]),
+                     *_pm(part["energy_J"]), *_pm(part["cpu_s"]), *_pm(part["time_s"]),
+                     _blank(part["epochs"]["median"]), part["provenance"]])
+    return table(["held out", "complete", "reached", metric, "±", "energy J", "±", "CPU s", "±", "time s", "±",
+                  "epochs", "energy is"], rows)
+
+
+def heldout_line(verdict: dict, metric: str) -> str:
+    """One line: both test figures with their spread, the verdict, and the ratios of the medians."""
+    from lightning_energy.optimize.recommend import DEFAULTS, RECOMMENDED
+
+    d, p = verdict[DEFAULTS]["test_loss"], verdict[RECOMMENDED]["test_loss"]
+    complete = all(verdict[c]["complete"] == verdict[c]["runs"] > 0 for c in (DEFAULTS, RECOMMENDED))
+    if not complete:
+        judged = "no verdict: a held-out run failed (see the table)"
+    elif verdict["test_no_worse_strict"]:
+        judged = "no worse than the config as given"
+    elif verdict["test_no_worse"]:
+        judged = "no worse within the config's seed-to-seed spread (above its median)"
+    else:
+        judged = "WORSE than the config as given (above its worst seed)"
+    return (f"held out: {metric} {p['median']:.6g} ± {_num(p['pm'])} (recommended) vs {d['median']:.6g} ± "
+            f"{_num(d['pm'])} (config as given): {judged}; {_num(verdict['energy_ratio'])} x less energy "
+            f"({verdict[RECOMMENDED]['provenance']}), {_num(verdict['cpu_ratio'])} x less CPU time; median ± half "
+            f"range over {verdict[DEFAULTS]['runs']} seeds")
+
+
+def _num(value) -> str:
+    return "-" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.3g}"
 
 
 def rows_by(rows: list[dict], config: str) -> dict:

@@ -21,11 +21,20 @@ measurement where a bound shares it), and a pick within noise of another is sett
 (at most ``max_repeats`` more per limit): from the exploration budget first, then from a separate settle
 budget; a tie that repeated windows show to be exact (no noise at all) is not settled; a pick resting on one
 window gets a second. Windows are ranked by possible gain per step, so a repeat of the limit just profiled (no
-warm-up) goes first. The sweep's profiling (every limit once, each after a limit change) is a hard cap: a
-window that would pass it is not profiled and the choice is made from what is measured; once the windows still
-worth profiling would not all fit, those beside the best profiled limit go first. When profiles break either
-fact beyond noise the search falls back to Zeus's exhaustive sweep within the same cap (the calibration window
-may leave one limit out: the limits beside the cheapest profiled ones go first).
+warm-up) goes first. A monotonic fact is trusted only where a profile could have refuted it: a grid neighbour
+of the best profiled limit not yet profiled gets a window before the pick (all selectors but max slowdown), and for ``time`` a gap beside the
+fastest profile is bisected rather than bounded away (a thermal top slower than the limits below it shows only
+there). The sweep's profiling (every limit once, each after a limit change) is a hard cap: a window that would
+pass it is not profiled and the choice is made from what is measured; once the windows still worth profiling
+would not all fit, those beside the best profiled limit go first. When profiles break either fact beyond noise
+the search falls back to Zeus's exhaustive sweep within the same cap (the calibration window may leave one
+limit out: the limits beside the cheapest profiled ones go first).
+
+Grid size: on a grid of fewer than :data:`SMALL_GRID_LIMITS` (9) limits the cap is barely every limit once.
+There energy, ZeusCost and max slowdown profile every limit once in Zeus's order (the equal-budget rule: the
+sweep's own windows, the choice Zeus's selector over them). Time keeps its bounds but profiles the maximum once
+(no calibration window) and takes a never-profiled limit before any repeat. From 9 limits on the maximum is
+profiled twice first (the noise calibration) and every rule above applies.
 
 DDP: energy is summed over ranks and time is the slowest rank's. ZeusCost's ``MaxPower`` is the highest
 limit times ``world_size`` by default (``max_power_scope="job"``: the job's power budget beside the job's
@@ -65,6 +74,21 @@ DEFAULT_SETTLE_BUDGET = 2
 DEFAULT_WARMUP_SHARE = 0.25
 EXACT_REL = 1e-9  # windows (and costs) agreeing to this relative precision are equal: float rounding only
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
+# DVFS-model pruning (issue 30 item 2, :mod:`lightning_energy.optimize.power_limit.dvfs_model`): on grids of at
+# least MODEL_MIN_LIMITS limits, gap bounds also use every DVFS model that fits each profiled limit within
+# MODEL_FIT_Z standard deviations (time and power; + MODEL_SLACK for the model's own error).
+DEFAULT_MODEL_PRUNING = False  # off: on the benchmark it saves too few steps to meet issue 30 item 2 (see the README)
+MODEL_MIN_LIMITS = 9
+MODEL_FIT_Z = 2.5
+MODEL_SLACK = 0.005
+# Small grids (fewer limits): the cap (the sweep's profiling) is barely every limit once, so there is no
+# calibration window, energy and ZeusCost profile every limit once in Zeus's order (the equal-budget rule), and
+# for time a limit never profiled goes before any repeat.
+SMALL_GRID_LIMITS = 9
+# A grid neighbour of the best profiled limit not yet profiled is worth a window with at least this possible gain
+# (beyond the tolerance): the bounds beside the best rest on the best's own monotonic facts, which only a neighbour
+# can refute.
+NEIGHBOUR_GAIN = 1e-3
 
 
 def _zeus_power_limit():
@@ -280,13 +304,17 @@ class ExhaustiveSweep:
 class AdaptiveSearch:
     """Fewer profiled limits by branch and bound on monotonic time and power; repeats settle near-ties.
 
-    Order: the maximum limit (as Zeus starts), the same limit again (no limit change: it measures the
-    run-to-run noise), the minimum; then, while anything could still beat the best profiled limit by more
-    than ``tolerance`` (allowing for noise), the most promising of:
+    Order: the maximum limit (as Zeus starts), on grids of :data:`SMALL_GRID_LIMITS` limits or more the same
+    limit again (no limit change: it measures the run-to-run noise), the minimum; then, while anything could
+    still beat the best profiled limit by more than ``tolerance`` (allowing for noise), the most promising of:
 
     - a gap between two profiled limits ``lo < hi`` holding unprofiled ones: its lower bound on the cost
       (time per step at least ``T(hi)``, mean power at least ``P(lo)``, each less its noise margin) is
-      below the best cost; its middle limit is profiled;
+      below the best cost; its middle limit is profiled. For ``time`` a gap beside the fastest profile is
+      always bisected (:data:`NEIGHBOUR_GAIN`): its bound is that profile's own time, a fact only a limit
+      inside can refute (a thermal top slower than the limits below it);
+    - a grid neighbour of the best profiled limit not yet profiled and not inside a gap already worth a
+      bisection (:data:`NEIGHBOUR_GAIN`): the bounds beside the best rest on the best's own monotonic facts;
     - a profiled limit whose cost is within noise of the best (:data:`CONFIDENCE_Z` standard deviations):
       a limit between the two when there is one (another candidate: on a flat stretch the sweep's edge is
       its many near-equal candidates), else the one of the pair with fewer windows again (a limit gets at
@@ -332,6 +360,18 @@ class AdaptiveSearch:
         warmup_share: warm-up steps after a limit change over profile steps per window: windows worth
             profiling are ranked by possible gain per step, so a repeat of the limit just profiled (no
             warm-up) is preferred to an equally promising window elsewhere.
+        model_pruning: on grids of at least :data:`MODEL_MIN_LIMITS` limits and cost selectors, also bound gaps
+            by every DVFS model (:mod:`lightning_energy.optimize.power_limit.dvfs_model`) that fits each profile
+            within :data:`MODEL_FIT_Z` standard deviations, and profile the model's optimum before a pick; once no
+            model fits (a cliff, plateaus, a thermal curve) only branch and bound goes on (:attr:`model_state`).
+            Off by default: on ``benchmarks/power_limit_search.py`` it saved at most 0.08 of the sweep's steps
+            beyond branch and bound and lost success once (16 limits, 3 % noise, energy: 80 % against 98 %).
+
+    Grids of fewer than :data:`SMALL_GRID_LIMITS` limits, where the cap is barely every limit once: energy,
+    ZeusCost and max slowdown profile every limit once in Zeus's order (:attr:`sweeps_small_grid`, the
+    equal-budget rule); there is no calibration window (:attr:`calibrates`); for time a never-profiled limit goes
+    before any repeat, then the most promising (not the ones beside the best profile: which profile looks best is
+    itself noise there).
     """
 
     name = "adaptive"
@@ -340,9 +380,13 @@ class AdaptiveSearch:
     def __init__(self, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                  noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
                  repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET,
-                 warmup_share: float = DEFAULT_WARMUP_SHARE) -> None:
+                 warmup_share: float = DEFAULT_WARMUP_SHARE, model_pruning: bool = DEFAULT_MODEL_PRUNING) -> None:
         if not grid:
             raise ValueError("the limit grid is empty")
+        if not isinstance(model_pruning, bool):
+            raise ValueError(f"`model_pruning` must be True or False, got {model_pruning!r}")
+        self.model_pruning = model_pruning
+        self._model_state = "unfitted"  # "unfitted", "trusted" (bounds gaps) or "abandoned" (profiles broke it)
         if isinstance(warmup_share, bool) or not isinstance(warmup_share, (int, float)) or not warmup_share >= 0:
             raise ValueError(f"`warmup_share` must be a number >= 0, got {warmup_share!r}")
         self.warmup_share = float(warmup_share)
@@ -372,8 +416,38 @@ class AdaptiveSearch:
         self._last_counted: int | None = None  # the limit of the last window counted
         self.first = [self.grid[0], self.grid[-1]] if len(self.grid) > 1 else [self.grid[0]]
 
+    @property
+    def calibrates(self) -> bool:
+        """Whether the maximum is profiled twice first (the run-to-run noise, no limit change)."""
+        return self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) >= SMALL_GRID_LIMITS
+
+    @property
+    def sweeps_small_grid(self) -> bool:
+        """Whether this search profiles every limit once in Zeus's order (the equal-budget rule): on a grid of fewer
+        than :data:`SMALL_GRID_LIMITS` limits for every selector but time, where the cap (the sweep's profiling) is
+        barely every limit once. Branch and bound saved at most 7 % of the steps there and lost success against the
+        sweep (``benchmarks/power_limit_search.py``, 50-100 paired repetitions: held-out issue 30, 7 limits, ZeusCost
+        0.5 at 5 % noise, 44 % against 55 %; the tuned families, 7 limits, max slowdown 1.1, 72.9 % against 76.0 %);
+        the time search keeps its bounds (no loss there)."""
+        return len(self.grid) < SMALL_GRID_LIMITS and self.objective.selector != "time"
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether DVFS-model bounds may prune gaps on this grid and selector."""
+        return self.model_pruning and len(self.grid) >= MODEL_MIN_LIMITS and not self.objective.is_threshold
+
+    @property
+    def model_state(self) -> str:
+        """``"off"`` (not used here), ``"unfitted"`` (fewer than 4 limits profiled), ``"trusted"`` (every
+        profile fits it within noise: it bounds gaps) or ``"abandoned"`` (profiles broke it: branch and bound only)."""
+        return self._model_state if self.uses_model else "off"
+
     def plan(self) -> dict:
-        calibration = int(self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1)
+        calibration = int(self.calibrates)
+        if self.sweeps_small_grid:  # the equal-budget rule: every limit once, Zeus's order
+            return {"search": self.name, "first_limits_W": list(self.grid), "min_limits": len(self.grid),
+                    "max_limits": len(self.grid), "calibration_windows": 0, "repeat_budget": 0,
+                    "confirmation_windows": 0}
         return {"search": self.name, "first_limits_W": list(self.first), "min_limits": len(self.first),
                 "max_limits": len(self.grid), "calibration_windows": calibration,
                 "repeat_budget": self.repeat_budget + self.settle_budget if self.max_repeats > 0 else 0,
@@ -426,6 +500,7 @@ class AdaptiveSearch:
         total = sum(p.window_count for p in profiled.values())
         if total < self._counted_windows:  # a fresh search on the same object
             self._spent, self._counted_windows, self._last_counted = 0.0, 0, None
+            self._model_state = "unfitted"
         new = total - self._counted_windows
         if new == 1 and previous is not None:
             self._spent += 1.0 if previous == self._last_counted else 1.0 + self.warmup_share
@@ -441,14 +516,19 @@ class AdaptiveSearch:
         self._repeats_left = self.repeat_budget - spent
         self._settles_left = self.settle_budget - max(spent - self.repeat_budget, 0)
         top = self.grid[0]
+        if self.sweeps_small_grid:
+            # equal budget: the cap is every limit once, which only the sweep's own order can spend without a loss
+            return next((limit for limit in self.grid if limit not in profiled), None)
         if top not in profiled:
             return top
-        if self.max_repeats > 0 and self.repeat_budget > 0 and len(self.grid) > 1 and profiled[top].window_count < 2:
+        if self.calibrates and profiled[top].window_count < 2:
             return top  # the same limit again: the run-to-run noise, without a limit change
         bottom = self.grid[-1]
         if bottom not in profiled:
             return bottom
         if self.fell_back(profiled):
+            if self._model_state != "abandoned":
+                self._model_state = "abandoned"
             rest = self._fallback_next(profiled)
             return rest if rest is not None else self._settle(profiled)
         if self.objective.is_threshold:
@@ -508,23 +588,45 @@ class AdaptiveSearch:
         best = min(reversed(done), key=lambda p: costs[p.limit_W])  # ties: the highest limit, as Zeus's selectors
         best_cost = costs[best.limit_W]
         sigma = self.noise_level(profiled)
-        top = done[-1]
         # (possible gain beyond the tolerance, limit to profile, whether it splits a near-tie, whether it is beside
         # the best profiled limit)
         actions = []
         in_play = 0.0  # the profiling the windows still worth a look would cost (a promising gap: its bisection)
+        explored: set[int] = set()  # limits inside a gap worth bisecting
         convex = gaps and self._looks_convex(done, sigma)
+        model = self._model_costs(done, sigma) if gaps else None
         for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
             if not inside:
                 continue
             bound = self._gap_bound(done, i, sigma, convex, best)
+            if model is not None:
+                bound = max(bound, min(model[0][limit] for limit in inside))
             gain = (best_cost - bound) / best_cost - self.tolerance
+            if self.objective.selector == "time" and (lo is best or hi is best):
+                # for time a gap beside the fastest profile is bounded by its own time alone (the monotonic fact, no
+                # noise slack): the fact is tested, not trusted, by bisecting the gap (a thermal top slower than
+                # the limits below it shows only there, and a small step per limit hides in a neighbour's noise)
+                gain = max(gain, NEIGHBOUR_GAIN)
             if gain > 0:
                 middle = (lo.limit_W + hi.limit_W) / 2
                 touches = lo is best or hi is best
                 actions.append((gain, min(inside, key=lambda limit: (abs(limit - middle), -limit)), False, touches))
+                explored.update(inside)
                 in_play += math.ceil(math.log2(len(inside) + 1)) * (1.0 + self.warmup_share)  # its bisection
+        if gaps:
+            # a monotonic fact is trusted only where a profile could have refuted it: the grid neighbours of the best
+            # profile are measured before it is picked (a thermal top slower than the limit below it, a valley beside
+            # a cliff, show nowhere else)
+            position = self.grid.index(best.limit_W)
+            for j in (position - 1, position + 1):
+                if 0 <= j < len(self.grid) and self.grid[j] not in profiled and self.grid[j] not in explored:
+                    actions.append((NEIGHBOUR_GAIN, self.grid[j], False, True))
+                    in_play += 1.0 + self.warmup_share
+        if model is not None and model[1] not in profiled:
+            # the model's optimum is always measured before a pick: a bound it tightened is then checked there
+            actions.append((math.inf, model[1], False, True))
+            in_play += 1.0 + self.warmup_share
         exact = self._noise_free(done)
         for p in done:
             if p is best:
@@ -558,13 +660,44 @@ class AdaptiveSearch:
         # best profiled limit (its gaps, its near-ties) go first, so the last affordable windows look where the
         # optimum most likely is rather than at a wide gap's lower bound far from it
         pressed = in_play > self.sweep_cost() - self._spent
-        if pressed:
+        if len(self.grid) < SMALL_GRID_LIMITS:
+            # a small grid: the cap leaves no room beyond every limit once, so a limit never profiled goes before any
+            # repeat, the most promising first (which profile is "best" is itself noise here: the sweep's edge is
+            # coverage)
+            _, limit, splits, _ = max(actions, key=lambda a: (a[1] not in profiled, a[0] / self._window_cost(a[1]),
+                                                              a[1]))
+        elif pressed:
             _, limit, splits, _ = max(actions, key=lambda a: (a[3], a[0] / self._window_cost(a[1]), a[1]))
         else:
             _, limit, splits, _ = max(actions, key=lambda a: (a[0] / self._window_cost(a[1]), a[1]))
         if splits:
             self._split_limits.add(limit)
         return limit
+
+    def _model_costs(self, done: list[LimitProfile], sigma: float) -> tuple[dict[int, float], int] | None:
+        """While the DVFS model holds: a lower bound on the cost at every grid limit (the cheapest prediction of
+        every candidate model that fits each profile within :data:`MODEL_FIT_Z` standard deviations, less a
+        window's noise margin) and the model's optimum (the limit of the cheapest prediction); None before four
+        limits are profiled, and for good once no candidate fits (cliffs, plateaus, thermal curves)."""
+        if not self.uses_model or self._model_state == "abandoned":
+            return None
+        from lightning_energy.optimize.power_limit.dvfs_model import MIN_LIMITS, consistent_predictions
+
+        if len(done) < MIN_LIMITS:
+            return None
+        margins = [MODEL_FIT_Z * math.sqrt(2.0) * sigma / math.sqrt(p.window_count) + MODEL_SLACK for p in done]
+        grid = sorted(self.grid)
+        predicted = consistent_predictions([p.limit_W for p in done], [p.energy_per_step_J for p in done],
+                                           [p.time_per_step_s for p in done], margins, grid)
+        if predicted is None:
+            self._model_state = "abandoned"
+            return None
+        self._model_state = "trusted"
+        top = done[-1]
+        costs = np.asarray(self.objective.cost_of(predicted[0], predicted[1], top.limit_W, top.time_per_step_s))
+        floor = costs.min(axis=0) * (1.0 - GAP_Z * sigma - MODEL_SLACK)
+        optimum = grid[int(np.argmin(costs.min(axis=0)))]
+        return {limit: float(c) for limit, c in zip(grid, floor)}, optimum
 
     def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool,
                    best: LimitProfile | None = None) -> float:
@@ -683,12 +816,12 @@ class AdaptiveSearch:
 def make_search(name: str, grid: list[int], objective: Objective, tolerance: float = DEFAULT_TOLERANCE,
                 noise: float = DEFAULT_NOISE, max_repeats: int = DEFAULT_MAX_REPEATS,
                 repeat_budget: int = DEFAULT_REPEAT_BUDGET, settle_budget: int = DEFAULT_SETTLE_BUDGET,
-                warmup_share: float = DEFAULT_WARMUP_SHARE):
+                warmup_share: float = DEFAULT_WARMUP_SHARE, model_pruning: bool = DEFAULT_MODEL_PRUNING):
     if name == "exhaustive":
         return ExhaustiveSweep(grid, objective)
     if name == "adaptive":
         return AdaptiveSearch(grid, objective, tolerance, noise, max_repeats, repeat_budget, settle_budget,
-                              warmup_share)
+                              warmup_share, model_pruning)
     raise ValueError(f"`search` must be one of {SEARCHES}, got {name!r}")
 
 
