@@ -661,9 +661,9 @@ class AdaptiveSearch:
         # optimum most likely is rather than at a wide gap's lower bound far from it
         pressed = in_play > self.sweep_cost() - self._spent
         if len(self.grid) < SMALL_GRID_LIMITS:
-            # a small grid: the cap leaves no room beyond every limit once, so a limit never profiled goes before any
-            # repeat, the most promising first (which profile is "best" is itself noise here: the sweep's edge is
-            # coverage)
+            # a small grid (only `time` gets here: the other selectors sweep it, sweeps_small_grid): the cap leaves no
+            # room beyond every limit once, so a limit never profiled goes before any repeat, the most promising first
+            # (which profile is "best" is itself noise here: the sweep's edge is coverage)
             _, limit, splits, _ = max(actions, key=lambda a: (a[1] not in profiled, a[0] / self._window_cost(a[1]),
                                                               a[1]))
         elif pressed:
