@@ -21,9 +21,9 @@ demo: venv
 	$(PY) -m baler_lit.demo
 
 # Test processes in parallel (pytest-xdist): one per CPU ("logical"); TEST_WORKERS=0 runs them in this process.
-# The schedule (tests/suite_schedule.py): a module's fixture is built on one worker, the heaviest tests go first.
+# The schedule (tests/suite_schedule.py): a module's tests run on one worker, the heaviest modules go first.
 TEST_WORKERS ?= logical
-SCHEDULE := --dist loadgroup --no-loadscope-reorder
+SCHEDULE := --dist loadfile --no-loadscope-reorder
 
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(SCHEDULE) -m "not gpu"

@@ -334,6 +334,28 @@ class RootRows(RowSource):
         self.sample_shape = (len(self.branches),)
         self.names = list(self.branches)
         self.dtypes = dtypes
+        self._reader = None  # (the open file, its TTree) for read_rows: see _tree_for_reads
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_reader"] = None  # a copy (a DataLoader worker's) opens its own
+        return state
+
+    def _tree_for_reads(self):
+        """The TTree, opened on the first :meth:`read_rows` and kept: opening a NanoAOD file and its tree (header,
+        streamers, ~1,000 branch descriptions) took ~0.3 s, longer than a chunk's read."""
+        if self._reader is None:
+            from .root_files import open_root
+
+            rootfile = open_root(self.path)
+            self._reader = (rootfile, rootfile[self.tree])
+        return self._reader[1]
+
+    def close(self) -> None:
+        """Close the file :meth:`read_rows` keeps open (a later read opens it again)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader[0].close()
 
     def _columns(self, ttree, **entries) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
         """(rows of each entry, one array per branch) for every ``ROOT_STEP`` of the tree (within ``entries``:
@@ -358,9 +380,7 @@ class RootRows(RowSource):
         start = 0
         with open_root(self.path) as rootfile:
             for _, columns in self._columns(rootfile[self.tree], **entries):
-                block = np.empty((len(columns[0]), len(columns)))
-                for j, col in enumerate(columns):
-                    block[:, j] = col
+                block = _block(columns)
                 yield start, block
                 start += len(block)
 
@@ -370,13 +390,22 @@ class RootRows(RowSource):
         first = int(np.searchsorted(self._row_at, start, side="right")) - 1
         last = int(np.searchsorted(self._row_at, stop, side="left"))
         entry_start, entry_stop = first * ENTRY_INDEX_STRIDE, min(last * ENTRY_INDEX_STRIDE, self.n_entries)
-        blocks = [b for _, b in self._raw_blocks(0, entry_start=entry_start, entry_stop=entry_stop)]
+        blocks = [_block(columns) for _, columns in self._columns(self._tree_for_reads(), entry_start=entry_start,
+                                                                  entry_stop=entry_stop)]
         offset = start - int(self._row_at[first])
         values = np.concatenate(blocks)[offset : offset + stop - start] if blocks else np.empty((0, self.n_columns))
         if len(values) != stop - start:
             raise BalerInputError(f"{self.source} changed while it was read (rows {start}..{stop - 1})")
         check_finite(values, self.names, self.source, start)
         return values
+
+
+def _block(columns: list[np.ndarray]) -> np.ndarray:
+    """One float64 array, a column per branch."""
+    block = np.empty((len(columns[0]), len(columns)))
+    for j, col in enumerate(columns):
+        block[:, j] = col
+    return block
 
 
 def _member_data_offset(path: Path, info: zipfile.ZipInfo) -> int:

@@ -1,8 +1,8 @@
 """A 2-process DDP fit of BalerModule on a streamed .npy (rows not divisible by 2); run by test_baler_streaming.py.
 
 Column 0 of the data is the row number, so each rank can write which rows it trained on in every epoch
-(``rank<r>.json``: per epoch the batch count, the loader's length and the row numbers). Lightning relaunches
-this script per rank.
+(``rank<r>.json``: per epoch the batch count, the loader's length and the row numbers). test_baler_streaming.py
+forks the two ranks from rank_zygote.py; by hand, Lightning relaunches this script per rank.
 """
 
 import json

@@ -16,11 +16,15 @@ HERE = Path(__file__).resolve().parent
 DEVICE_W, HOST_W = 80.0, 25.0  # the simulated sensors of both scripts
 
 
-def run_two_ranks(script: str, out: Path) -> tuple[Path, dict]:
-    """Run ``script`` (it launches its second rank itself); (the report's path, the report)."""
+def run_two_ranks(script: str, out: Path, zygote=None) -> tuple[Path, dict]:
+    """Run ``script`` as a user would (it launches its second rank itself), or, given the ``rank_zygote``
+    fixture, as two ranks forked from it (rank_zygote.py); (the report's path, the report)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(HERE / script), str(out)], capture_output=True, text=True, env=env,
-                         timeout=240)
+    if zygote is None:
+        run = subprocess.run([sys.executable, str(HERE / script), str(out)], capture_output=True, text=True,
+                             env=env, timeout=240)
+    else:
+        run = zygote.run(HERE / script, [out], out / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     (report_path,) = out.rglob("energy_report.json")
     return report_path, json.loads(report_path.read_text())

@@ -1,5 +1,5 @@
 """A 2-process DDP fit on CPU whose rank 0 does extra work at every epoch end; run by test_ddp.py (once, its tests
-sharing the report) and by benchmarks/fidelity.py.
+sharing the report; two ranks forked by rank_zygote.py) and by benchmarks/fidelity.py (Lightning relaunches it).
 
 argv: out_dir, validation ("val": after every epoch, "noval": none, "mixed": after every second epoch, so that
 epochs with and without a validation loop follow each other), and optionally "card". Rank 0 sleeps at each epoch

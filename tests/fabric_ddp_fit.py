@@ -1,5 +1,5 @@
 """A 2-process DDP loop under Lightning Fabric on CPU with simulated sensors, measured by EnergyMonitor; run by
-test_front_ends_ddp.py (Fabric relaunches this script per rank). The same work and sensors as ddp_fit.py."""
+test_front_ends_ddp.py as two ranks forked by rank_zygote.py (by hand, Fabric relaunches it per rank). The same work and sensors as ddp_fit.py."""
 
 import os
 import sys

@@ -96,7 +96,8 @@ class FakeBmc:
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-bmc", daemon=True)
+        # serve_forever's default 0.5 s poll would make each close() wait up to half a second
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), name="fake-bmc", daemon=True)
         self.thread.start()
 
     @property

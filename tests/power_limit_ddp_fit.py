@@ -1,4 +1,5 @@
-"""Two CPU ranks, each with its own simulated GPU; run by test_power_limit.py (Lightning relaunches it per rank).
+"""Two CPU ranks, each with its own simulated GPU; run by test_power_limit.py as two ranks
+forked by rank_zygote.py (by hand, Lightning relaunches it per rank).
 
 Rank 0's card runs a compute-bound step, rank 1's a memory-bound one, so each alone would choose a
 different limit. Writes ``rank<N>.json`` with what the rank measured and applied, and the limit the merged

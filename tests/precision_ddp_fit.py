@@ -1,4 +1,5 @@
-"""A 2-process DDP fit on CPU with PrecisionSwitch; run by test_precision.py (Lightning relaunches it per rank).
+"""A 2-process DDP fit on CPU with PrecisionSwitch; run by test_precision.py as two ranks
+forked by rank_zygote.py (by hand, Lightning relaunches it per rank).
 
 Each rank's simulated power differs per mode, so that the ranks would pick different modes on their own;
 rank 1 alone gets a NaN loss at step NAN_STEP. Every rank writes what it saw to ``<out_dir>/rank<N>.json``.

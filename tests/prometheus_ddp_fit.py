@@ -1,5 +1,5 @@
-"""A 2-process DDP fit on CPU with EnergyCallback and PrometheusCallback; run by test_prometheus.py (Lightning
-relaunches it for rank 1). argv: out_dir, the endpoint's port, the Pushgateway's address. After the fit, rank 0
+"""A 2-process DDP fit on CPU with EnergyCallback and PrometheusCallback; run by test_prometheus.py as two
+ranks forked by rank_zygote.py (by hand, Lightning relaunches it for rank 1). argv: out_dir, the endpoint's port, the Pushgateway's address. After the fit, rank 0
 reads its own endpoint (local rank 0 serves the node's ranks) and writes it to ``served.txt`` in out_dir."""
 
 import os

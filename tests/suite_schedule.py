@@ -1,14 +1,16 @@
-"""How the suite's tests are spread over pytest-xdist's workers (``make test``: ``--dist loadgroup
+"""How the suite's tests are spread over pytest-xdist's workers (``make test``: ``--dist loadfile
 --no-loadscope-reorder``), so that two cores finish it soon. Nothing here changes what any test checks.
 
-- **Module fixtures are built once.** A test that uses a module-scoped fixture of its own module (a DDP fit,
-  a trained checkpoint, a fuzz corpus) is put in its module's ``xdist_group``: every such test runs on one
-  worker, so the fixture is built once rather than once on each worker that draws one of its tests.
-- **The heaviest work goes first** (longest processing time first). Work units (a group, or a test on its
-  own) are ordered by their recorded cost in ``tests/durations.json``, heaviest first; a unit with no record
-  counts as free and keeps its place among those after the recorded ones. The short tests then fill in
-  beside the long ones instead of one long test running alone at the end. A stale record only makes the
-  order less good, never a test wrong.
+- **A module's tests run on one worker** (``--dist loadfile``): a module-scoped fixture (a DDP fit, a trained
+  checkpoint, a fuzz corpus) is built once, not once on each worker that draws one of its tests. (The suite
+  used ``--dist loadgroup`` with an ``xdist_group`` per module before: with pytest 9 the group that
+  pytest-xdist 3.8 appends to a test's id no longer reaches the id, so every test was its own unit and a module
+  fixture was built on both workers; ``test_suite_schedule.py`` runs the schedule to show it holds.)
+- **The heaviest work goes first** (longest processing time first). Modules are ordered by their recorded cost
+  in ``tests/durations.json`` (the sum of their tests'), heaviest first; a test with no record counts as free,
+  and a module with none keeps its place after the recorded ones. The short modules then fill in beside the long
+  ones instead of one long module running alone at the end. A stale record only makes the order less good,
+  never a test wrong.
 
 ``make test-durations`` records the costs: with ``LIGHTNING_ENERGY_RECORD_DURATIONS=FILE`` set, the
 controller sums each test's setup, call and teardown seconds and writes those of at least
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,21 +28,12 @@ import pytest
 
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 RECORD_ENV = "LIGHTNING_ENERGY_RECORD_DURATIONS"
-GROUP_SUFFIX = re.compile(r"@[\w.]+$")  # what xdist appends to a grouped test's node id
 RECORDED_MIN_S = 0.5  # shorter tests are left out of the record: they only fill in
 
 
-def module_fixture_group(item: pytest.Item) -> str | None:
-    """The xdist group of ``item``: its module's name where it uses a module-scoped fixture defined there."""
-    module = getattr(item, "module", None)
-    info = getattr(item, "_fixtureinfo", None)
-    if module is None or info is None:
-        return None
-    for definitions in info.name2fixturedefs.values():
-        definition = definitions[-1]
-        if definition.scope == "module" and getattr(definition.func, "__module__", None) == module.__name__:
-            return module.__name__
-    return None
+def work_unit(nodeid: str) -> str:
+    """What ``--dist loadfile`` keeps on one worker: the test's file."""
+    return nodeid.split("::", 1)[0]
 
 
 def recorded_costs(path: Path = DURATIONS_FILE) -> dict[str, float]:
@@ -55,24 +47,17 @@ def recorded_costs(path: Path = DURATIONS_FILE) -> dict[str, float]:
     return {str(k): float(v) for k, v in costs.items() if isinstance(v, (int, float))}
 
 
-def heaviest_first(items: list[pytest.Item], groups: dict[str, str], costs: dict[str, float]) -> list[pytest.Item]:
-    """``items`` ordered by the cost of their work unit (the group, or the test alone), heaviest first; ties
-    (unrecorded units among them) keep their order, and a group's tests keep theirs."""
+def heaviest_first(items: list[pytest.Item], costs: dict[str, float]) -> list[pytest.Item]:
+    """``items`` ordered by the cost of their module (:func:`work_unit`), heaviest first; ties (unrecorded
+    modules among them) keep their order, and a module's tests keep theirs."""
     unit_cost: dict[str, float] = defaultdict(float)
     for item in items:
-        unit_cost[groups.get(item.nodeid, item.nodeid)] += costs.get(item.nodeid, 0.0)
-    return sorted(items, key=lambda item: -unit_cost[groups.get(item.nodeid, item.nodeid)])
+        unit_cost[work_unit(item.nodeid)] += costs.get(item.nodeid, 0.0)
+    return sorted(items, key=lambda item: -unit_cost[work_unit(item.nodeid)])
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (and suffixes the node ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    groups = {}
-    for item in items:
-        group = module_fixture_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-            groups[item.nodeid] = group
-    items[:] = heaviest_first(items, groups, recorded_costs())
+    items[:] = heaviest_first(items, recorded_costs())
 
 
 _seconds: dict[str, float] = defaultdict(float)
@@ -80,7 +65,7 @@ _seconds: dict[str, float] = defaultdict(float)
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if os.environ.get(RECORD_ENV):
-        _seconds[GROUP_SUFFIX.sub("", report.nodeid)] += report.duration
+        _seconds[report.nodeid] += report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

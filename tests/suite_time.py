@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-import torch
 
 from lightning_energy.measure import sampler as sampler_module
 from lightning_energy.measure.sampler import Sampler
@@ -49,6 +48,8 @@ if HALVED:
 
 def tiny_loader(n: int = ROWS, batch_size: int = 16, in_features: int = 16, seed: int = 0):
     """``n`` rows of a noisy linear target (x: ``in_features`` standard normals, y = 0.5·x₀ + noise) in batches."""
+    import torch  # here, not at the top: pytest's controller imports this module through conftest and runs no test
+
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, in_features, generator=g)
     y = x[:, :1] * 0.5 + 0.1 * torch.randn(n, 1, generator=g)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import weakref
 import zipfile
@@ -62,6 +61,27 @@ def test_streamed_normaliser_equals_the_in_memory_one_on_the_same_file(tmp_path,
     assert np.array_equal(streamed.normalizer.minimum, in_memory.normalizer.minimum)
     assert np.array_equal(streamed.normalizer.scale, in_memory.normalizer.scale)
     assert streamed.rows.dtypes == in_memory.table.dtypes and streamed.input_shape == in_memory.input_shape
+
+
+@requires(NANOAOD)
+def test_random_reads_of_a_root_file_open_it_once_per_copy(monkeypatch):
+    """Opening a NanoAOD file and its tree took ~0.3 s, longer than a chunk's read: the source keeps it open
+    for its reads; a pickled copy (a DataLoader worker's) opens its own."""
+    import pickle
+
+    from baler_lit import root_files
+    from baler_lit.row_source import open_rows
+
+    rows = open_rows(str(NANOAOD), root_prefix="Jet_")
+    opened, real_open = [], root_files.open_root
+    monkeypatch.setattr(root_files, "open_root", lambda path: opened.append(path) or real_open(path))
+    first = [rows.read_rows(start, start + 20) for start in (0, 100, 300)]
+    assert len(opened) == 1
+    copy = pickle.loads(pickle.dumps(rows))
+    assert np.array_equal(copy.read_rows(100, 120), first[1]) and len(opened) == 2
+    rows.close()
+    copy.close()
+    assert np.array_equal(rows.read_rows(0, 20), first[0]) and len(opened) == 3  # closed: opened again
 
 
 @requires(NANOAOD)
@@ -239,16 +259,15 @@ def test_streaming_settings_are_checked_when_the_module_is_made():
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_stream_equal_batch_counts_and_disjoint_rows(tmp_path):
+def test_two_ddp_ranks_stream_equal_batch_counts_and_disjoint_rows(tmp_path, rank_zygote):
     sys.path.insert(0, str(HERE))
     import baler_stream_ddp_fit as script
 
     np.save(tmp_path / "jets.npy", _indexed(script.ROWS).data)
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    run = subprocess.run([sys.executable, str(HERE / "baler_stream_ddp_fit.py"), str(tmp_path),
-                          str(tmp_path / "jets.npy")], capture_output=True, text=True, env=env,
-                         timeout=300)  # fmt: skip (a rank stuck in a collective would time out here)
+    run = rank_zygote.run(HERE / "baler_stream_ddp_fit.py", [tmp_path, tmp_path / "jets.npy"], tmp_path / "ranks",
+                          env=env, timeout_s=300)  # a rank stuck in a collective would time out here
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     train_rows, _ = _split_rows(script.ROWS, script.CHUNK_ROWS, script.VAL_FRACTION, seed=0)

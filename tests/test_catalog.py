@@ -133,7 +133,7 @@ def test_each_fit_is_recorded_and_each_checkpoint_says_what_it_cost(tmp_path):
                         **trainer_kwargs(tmp_path, max_epochs=2, enable_checkpointing=True))
     trainer.fit(TinyRegressor(), tiny_loader(), tiny_loader(n=48))
     fit = Catalog(tmp_path / CATALOG_FILE).get(catalog_cb.record_id)
-    assert fit["model"] == "conftest.TinyRegressor" and fit["parameters"] == 17
+    assert fit["model"] == "tiny_lightning.TinyRegressor" and fit["parameters"] == 17
     # one step of Linear(16 -> 1) on 16 rows: forward 2*16*16 FLOPs, weight gradient 2*16*16 FLOPs
     assert fit["flops_per_step"] == 1024
     assert (fit["precision"], fit["batch_size"], fit["steps"], fit["epochs"]) == ("32-true", 16, 20, 2)
@@ -148,7 +148,7 @@ def test_each_fit_is_recorded_and_each_checkpoint_says_what_it_cost(tmp_path):
     assert attributes["catalog_id"] == fit["id"] and attributes["experiment"] == "unit"
 
     stamped = torch.load(ckpt / "last.ckpt", weights_only=False)[CHECKPOINT_KEY]
-    assert stamped["steps"] == 20 and stamped["model"] == "conftest.TinyRegressor"
+    assert stamped["steps"] == 20 and stamped["model"] == "tiny_lightning.TinyRegressor"
     assert stamped["energy_J"] == pytest.approx(sum(WATTS.values()) * stamped["duration_s"], rel=1e-9)
     assert 0 < stamped["energy_J"] <= fit["energy_J"]
     assert stamped["gCO2e"] == pytest.approx(stamped["energy_J"] / 3.6e6 * 375.0, rel=1e-12)
@@ -208,7 +208,7 @@ def test_a_damaged_catalog_never_fails_the_fit(tmp_path):
     assert callback.record_id is None and callback.problems == [message.split("catalog: ", 1)[1]]
     assert callback.record["energy_J"] > 0  # the record was made, only not stored
     attributes = json.loads((tmp_path / "lightning_logs" / "version_0" / RUN_ATTRIBUTES_FILE).read_text())
-    assert attributes["catalog_id"] is None and attributes["model"] == "conftest.TinyRegressor"
+    assert attributes["catalog_id"] is None and attributes["model"] == "tiny_lightning.TinyRegressor"
 
 
 def test_a_catalog_locked_past_the_timeout_never_fails_the_fit(tmp_path, monkeypatch):
@@ -267,16 +267,13 @@ def test_catalog_command_errors(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_ddp_fit_is_recorded_once_with_both_ranks(tmp_path):
+def test_ddp_fit_is_recorded_once_with_both_ranks(tmp_path, rank_zygote):
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     script = Path(__file__).resolve().parent / "workbench_ddp_fit.py"
-    run = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env,
-                         timeout=240)
+    run = rank_zygote.run(script, [tmp_path], tmp_path / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     (fit,) = Catalog(tmp_path / CATALOG_FILE).list()
     fit = Catalog(tmp_path / CATALOG_FILE).get(fit["id"])

@@ -279,7 +279,7 @@ BASE_CONFIG = {
     ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
     ({"model": {"class_path": "lightning_energy.simulate.example_model.Nope"}}, "has no class 'Nope'"),
     ({"model": {"class_path": "no_such_module.Model"}}, "cannot import 'no_such_module'"),
-    ({"model": {"class_path": "conftest.TinyRegressor"}}, "takes no `batch_size`"),
+    ({"model": {"class_path": "tiny_lightning.TinyRegressor"}}, "takes no `batch_size`"),
     ({"model": {"class_path": "lightning_energy.simulate.example_model.TinyAutoencoder", "init_args": {"batch_size": 8}}},
      "set by the grid"),
     ({"sensors": "auto"}, "sets the power limit of real NVIDIA GPUs, but trainer.accelerator is 'cpu'"),

@@ -4,8 +4,6 @@ import csv
 import json
 import re
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -41,15 +39,14 @@ def test_ddp_total_is_device_of_both_ranks_plus_host_once(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def epoch_fit(tmp_path_factory) -> tuple[Path, dict, str]:
+def epoch_fit(tmp_path_factory, rank_zygote) -> tuple[Path, dict, str]:
     """One launch of ddp_epoch_fit.py (validation after every second epoch, a card both ranks read) for the tests
     below: (the report's path, the report, the fit's stderr). It used to be three launches (with validation,
     without, and the shared card): a launch costs two interpreters, Lightning's import and gloo's start."""
     out = tmp_path_factory.mktemp("ddp_epoch_fit")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # Lightning's warnings reach stderr
     env["OMP_NUM_THREADS"] = "1"
-    run = subprocess.run([sys.executable, str(HERE / "ddp_epoch_fit.py"), str(out), "mixed", "card"],
-                         capture_output=True, text=True, env=env, timeout=240)
+    run = rank_zygote.run(HERE / "ddp_epoch_fit.py", [out, "mixed", "card"], out / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     (report_path,) = out.rglob("energy_report.json")
     return report_path, json.loads(report_path.read_text()), run.stderr

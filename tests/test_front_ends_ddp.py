@@ -10,8 +10,8 @@ import pytest
 from ddp_checks import check_each_device_per_rank_and_the_host_once, run_two_ranks
 
 
-def test_a_fabric_ddp_loop_counts_each_device_per_rank_and_the_host_once(tmp_path):
-    report_path, report = run_two_ranks("fabric_ddp_fit.py", tmp_path)
+def test_a_fabric_ddp_loop_counts_each_device_per_rank_and_the_host_once(tmp_path, rank_zygote):
+    report_path, report = run_two_ranks("fabric_ddp_fit.py", tmp_path, rank_zygote)
     check_each_device_per_rank_and_the_host_once(report, steps_per_epoch=2 * 10)  # 320 rows / 2 ranks / batch 16
     assert len(report["epochs"]) == 2 and all(e["validation_J"] > 0 for e in report["epochs"])
     assert (report_path.parent / "energy_trace.csv").exists()

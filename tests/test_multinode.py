@@ -2,16 +2,12 @@
 
 Host sensors are read once per node (by its local rank 0), device sensors once per rank, and the total is
 exactly the sum of each sensor's constant power times its rank's measured duration. The four processes are
-launched here, one per global rank, as an external launcher would (see multinode_fit.py for the variables).
+forked by rank_zygote.py, one per global rank, with the variables an external launcher sets (see
+multinode_fit.py).
 """
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,90 +20,19 @@ EPOCHS = 3
 TIMEOUT_S = 90
 WATTS = {"device": DEVICE_W, "host": HOST_W}
 
-# variables by which Lightning would detect a cluster of its own (or torchrun's) around the test
-_LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "OMPI_", "PMI_", "LSB_", "LSF_", "KUBERNETES_", "PL_")
-_LAUNCHER_VARS = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK",
-                  "LOCAL_WORLD_SIZE", "JSM_NAMESPACE_RANK"}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_env(port: int, node: int, local: int) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update({
-        "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "CODECARBON_LOG_LEVEL": "error",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD_SIZE),
-        "NODE_RANK": str(node), "GROUP_RANK": str(node), "LOCAL_RANK": str(local),
-        "LOCAL_WORLD_SIZE": str(DEVICES), "RANK": str(node * DEVICES + local),
-    })
-    return env
-
-
-def _tail(path: Path, chars: int = 2500) -> str:
-    text = path.read_text(errors="replace") if path.exists() else ""
-    return text[-chars:]
-
-
-def _launch(out_dir: Path, logs: Path, port: int) -> tuple[bool, str]:
-    """Run the 4 ranks; (all exited 0, failure description). Every process is gone on return."""
-    procs = []  # (global rank, Popen, stderr path)
-    try:
-        for node in range(NUM_NODES):
-            for local in range(DEVICES):
-                rank = node * DEVICES + local
-                out, err = logs / f"rank{rank}.out", logs / f"rank{rank}.err"
-                with open(out, "wb") as fo, open(err, "wb") as fe:  # the child keeps its own descriptors
-                    proc = subprocess.Popen([sys.executable, str(HERE / "multinode_fit.py"), str(out_dir)],
-                                            stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
-                                            env=_rank_env(port, node, local), start_new_session=True)
-                procs.append((rank, proc, err))
-        deadline = time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline:
-            codes = [proc.poll() for _, proc, _ in procs]
-            if any(code not in (None, 0) for code in codes):
-                time.sleep(1.0)  # let the peers fail too, for their messages; they are killed below
-                break
-            if all(code == 0 for code in codes):
-                return True, ""
-            time.sleep(0.1)
-        failures = []
-        for rank, proc, err in procs:
-            code = proc.poll()
-            if code != 0:
-                state = "still running (killed)" if code is None else f"exit code {code}"
-                failures.append(f"--- rank {rank}: {state}; stderr tail:\n{_tail(err)}")
-        timed_out = all(proc.poll() in (None, 0) for _, proc, _ in procs)
-        head = f"timed out after {TIMEOUT_S} s" if timed_out else "a rank failed"
-        return False, f"{head} (MASTER_PORT={port})\n" + "\n".join(failures)
-    finally:
-        for _, proc, _ in procs:
-            try:  # each child leads its own session: its process group holds whatever it started, even
-                os.killpg(proc.pid, signal.SIGKILL)  # once the child itself has exited
-            except (ProcessLookupError, PermissionError):
-                pass
-        for _, proc, _ in procs:
-            proc.wait()
-
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict:
+def report(tmp_path_factory, rank_zygote) -> dict:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "CODECARBON_LOG_LEVEL": "error"}
     for attempt in range(2):  # a second try only for a port taken between choosing and binding it
         base = tmp_path_factory.mktemp(f"multinode{attempt}")
-        out_dir, logs = base / "out", base / "logs"
+        out_dir = base / "out"
         out_dir.mkdir()
-        logs.mkdir()
-        ok, failure = _launch(out_dir, logs, _free_port())
-        if ok:
+        run = rank_zygote.run(HERE / "multinode_fit.py", [out_dir], base / "logs", nodes=NUM_NODES, devices=DEVICES,
+                              env=env, timeout_s=TIMEOUT_S)
+        if run.returncode == 0 or "address already in use" not in run.stderr.lower():
             break
-        port_taken = any("address already in use" in _tail(p, 20000).lower() for p in logs.glob("*.err"))
-        if not port_taken:
-            break
-    assert ok, failure
+    assert run.returncode == 0, f"exit codes by rank {run.codes} (MASTER_PORT={run.port})\n{run.stderr[-5000:]}"
     (report_path,) = out_dir.rglob("energy_report.json")
     return json.loads(report_path.read_text())
 

@@ -12,8 +12,6 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import lightning as L
@@ -479,10 +477,9 @@ def test_cpu_training_without_a_gpu_is_refused_in_setup(tmp_path):
 
 # ------------------------------------------------------------------------------------------ DDP
 @pytest.mark.slow
-def test_ddp_ranks_apply_one_broadcast_decision(tmp_path):
+def test_ddp_ranks_apply_one_broadcast_decision(tmp_path, rank_zygote):
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(HERE / "power_limit_ddp_fit.py"), str(tmp_path)], capture_output=True,
-                         text=True, env=env, timeout=240)
+    run = rank_zygote.run(HERE / "power_limit_ddp_fit.py", [tmp_path], tmp_path / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     expected = ranks[0]["expected"]

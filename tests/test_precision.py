@@ -7,8 +7,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -665,10 +663,9 @@ def test_lightning_cli_config_fits_and_logs_the_profiled_modes(tmp_path, monkeyp
 
 # ---------------------------------------------------------------------------------------------- DDP, GPU
 @pytest.mark.slow
-def test_ddp_ranks_decide_and_fall_back_together(tmp_path):
+def test_ddp_ranks_decide_and_fall_back_together(tmp_path, rank_zygote):
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(HERE / "precision_ddp_fit.py"), str(tmp_path)], capture_output=True,
-                         text=True, env=env, timeout=240)
+    run = rank_zygote.run(HERE / "precision_ddp_fit.py", [tmp_path], tmp_path / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # rank 1 alone would pick 16-mixed (1 W); summed over ranks bf16-mixed is cheaper (10 + 100 < 1000 + 1)

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 import urllib.request
@@ -428,14 +427,13 @@ def test_a_fit_scraped_and_pushed_gives_promql_the_energy_of_the_report(tmp_path
 
 
 @pytest.mark.slow
-def test_a_two_rank_ddp_fit_is_served_by_local_rank_zero_and_pushed_whole(tmp_path, pushgateway):
+def test_a_two_rank_ddp_fit_is_served_by_local_rank_zero_and_pushed_whole(tmp_path, pushgateway, rank_zygote):
     """A real DDP fit (two CPU ranks on this node): rank 0's endpoint serves both ranks' series, whose sum is the
     report's total; the Pushgateway holds one group for the job with both ranks."""
     port = servers.free_port()
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     script = Path(__file__).resolve().parent / "prometheus_ddp_fit.py"
-    run = subprocess.run([sys.executable, str(script), str(tmp_path), str(port), pushgateway.url],
-                         capture_output=True, text=True, env=env, timeout=240)
+    run = rank_zygote.run(script, [tmp_path, port, pushgateway.url], tmp_path / "ranks", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     (report_path,) = tmp_path.rglob("energy_report.json")
     report = json.loads(report_path.read_text())

@@ -45,9 +45,10 @@ def runnable(kind: str) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("line, body", runnable("python"), ids=lambda v: f"line{v}" if isinstance(v, int) else "")
-def test_a_python_block_runs(line, body, tmp_path):
-    run = subprocess.run([sys.executable, "-c", body], cwd=tmp_path, env=environment(), capture_output=True,
-                         text=True, timeout=300)
+def test_a_python_block_runs(line, body, tmp_path, rank_zygote):
+    """As ``python -c body`` in an empty folder; forked from the suite's zygote, which has imported Lightning
+    (the block's own imports then cost nothing: they are what every block starts with)."""
+    run = rank_zygote.run_python(body, tmp_path, environment())
     assert run.returncode == 0, f"README line {line}:\n{run.stderr[-2000:]}"
 
 

@@ -1,25 +1,33 @@
-"""The suite's schedule (tests/suite_schedule.py): heaviest work first, a module's fixture built on one worker."""
+"""The suite's schedule (tests/suite_schedule.py): a module's tests on one worker, heaviest modules first."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-import suite_schedule
-from suite_schedule import heaviest_first, recorded_costs
+from suite_schedule import heaviest_first, recorded_costs, work_unit
+
+HERE = Path(__file__).resolve().parent
+MAKEFILE = HERE.parent / "Makefile"
 
 
 def item(nodeid):
     return SimpleNamespace(nodeid=nodeid)
 
 
-def test_units_go_heaviest_first_and_a_group_keeps_its_order():
-    items = [item(n) for n in ("a::1", "a::2", "b::1", "c::1", "d::1")]
-    groups = {"a::1": "a", "a::2": "a"}
-    costs = {"a::1": 1.0, "a::2": 2.5, "b::1": 4.0, "c::1": 0.2}  # d unrecorded: free, keeps its place last
-    assert [i.nodeid for i in heaviest_first(items, groups, costs)] == ["b::1", "a::1", "a::2", "c::1", "d::1"]
+def test_modules_go_heaviest_first_and_keep_their_tests_order():
+    items = [item(n) for n in ("a.py::1", "a.py::2", "b.py::1", "c.py::1", "d.py::1")]
+    costs = {"a.py::1": 1.0, "a.py::2": 2.5, "b.py::1": 4.0, "c.py::1": 0.2}  # d unrecorded: free, stays last
+    order = [i.nodeid for i in heaviest_first(items, costs)]
+    assert order == ["b.py::1", "a.py::1", "a.py::2", "c.py::1", "d.py::1"]
+    assert work_unit("tests/test_x.py::test_y[1::2]") == "tests/test_x.py"
 
 
 def test_a_missing_or_unreadable_record_leaves_the_order(tmp_path):
@@ -34,21 +42,35 @@ def test_a_missing_or_unreadable_record_leaves_the_order(tmp_path):
 def test_the_checked_in_record_names_tests_that_exist(request):
     """A stale record only orders less well; a record of another suite would order nothing."""
     recorded = set(recorded_costs())
-    collected = {i.nodeid.split("@")[0] for i in request.session.items}
+    collected = {i.nodeid for i in request.session.items}
     if len(collected) < 500:
         pytest.skip("only part of the suite is collected in this run")
     assert len(recorded & collected) >= 0.8 * len(recorded)
 
 
-def test_a_test_without_a_module_fixture_is_its_own_unit(request):
-    assert suite_schedule.module_fixture_group(request.node) is None
+def make_schedule() -> list[str]:
+    """The pytest-xdist options ``make test`` passes (the Makefile's SCHEDULE)."""
+    (line,) = re.findall(r"^SCHEDULE :=(.*)$", MAKEFILE.read_text(), flags=re.MULTILINE)
+    return line.split()
 
 
-@pytest.fixture(scope="module")
-def built_once():
-    return object()
-
-
-def test_uses_a_module_fixture(built_once, request):
-    assert suite_schedule.module_fixture_group(request.node) == request.node.module.__name__
-    assert any(m.name == "xdist_group" for m in request.node.iter_markers())
+def test_make_tests_schedule_builds_a_module_fixture_once(tmp_path):
+    """Two workers and ``make test``'s schedule on a small suite: the module whose eight tests share a
+    module-scoped fixture builds it once (with ``--dist loadgroup`` under pytest 9 it was built on both)."""
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        "from suite_schedule import pytest_collection_modifyitems  # noqa: F401\n")
+    (tmp_path / "test_shared.py").write_text(
+        "import os, pytest\n"
+        "@pytest.fixture(scope='module')\n"
+        "def built(tmp_path_factory):\n"
+        f"    with open({str(tmp_path / 'built.txt')!r}, 'a') as fh:\n"
+        "        fh.write(os.environ.get('PYTEST_XDIST_WORKER', '-') + '\\n')\n"
+        + "".join(f"def test_{i}(built):\n    pass\n" for i in range(8)))
+    (tmp_path / "test_alone.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(8)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "LIGHTNING_ENERGY_RECORD"))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                          *make_schedule(), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert len((tmp_path / "built.txt").read_text().split()) == 1

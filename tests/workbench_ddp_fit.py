@@ -1,4 +1,5 @@
-"""A 2-process DDP fit with Carbon, Forecast and Catalog callbacks and checkpoints; run by test_catalog.py."""
+"""A 2-process DDP fit with Carbon, Forecast and Catalog callbacks and checkpoints; run by test_catalog.py
+as two ranks forked by rank_zygote.py (by hand, Lightning relaunches it per rank)."""
 
 import os
 import sys
