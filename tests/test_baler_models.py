@@ -154,7 +154,7 @@ def test_transformer_ae_learns():
     model = build_model("TransformerAE", (24,), compression_ratio=1.6)
     x = torch.rand(64, 24)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(200):
+    for _ in range(150):  # 0.25 x is passed at step 122, 150 steps reach 0.17 x (seed 0)
         loss = torch.nn.functional.mse_loss(model(x), x)
         optimizer.zero_grad()
         loss.backward()

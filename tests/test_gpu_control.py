@@ -133,7 +133,8 @@ def test_sighup_puts_the_card_back_before_the_previous_handler_runs(tmp_path, cl
 
 
 @pytest.mark.parametrize("disposition", ["SIG_DFL", "SIG_IGN"])
-def test_sighup_with_the_default_disposition_ends_the_process_after_restoring_and_nohup_goes_on(tmp_path, disposition):
+def test_sighup_with_the_default_disposition_ends_the_process_after_restoring_and_nohup_goes_on(tmp_path, disposition,
+                                                                                              rank_zygote):
     """A real process. SIGHUP's default disposition: the limit comes back, then the process dies of SIGHUP. SIGHUP
     ignored (``nohup``, whose children inherit it): the guard is not installed and the run goes on (the limit comes
     back at its end as usual). The disposition is set in the child: the test's own may be either (the old test
@@ -161,7 +162,7 @@ print("still running", flush=True)
     import os
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    run = rank_zygote.run_python(script.read_text(), tmp_path, env)  # a real process, forked warm
     if disposition == "SIG_DFL":
         assert run.returncode == -signal.SIGHUP, run.stderr[-2000:]
         assert run.stdout.splitlines() == [f"restored {ADMIN_W} False"]

@@ -14,6 +14,7 @@ no circle, function-level imports included.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,11 @@ def _graph() -> dict[str, list[tuple[str, bool]]]:
             for name, path in paths.items()}
 
 
-GRAPH = _graph()
+@functools.cache
+def graph() -> dict[str, list[tuple[str, bool]]]:
+    """The import graph of both packages, built on first use (not at import: every test worker imports this
+    module while collecting, and the walk took seconds)."""
+    return _graph()
 
 
 def _private(name: str) -> bool:
@@ -137,8 +142,17 @@ def private_uses(source: str, own: set[str]) -> list[str]:
     return found
 
 
-SOURCES = {module_name(p): p.read_text() for p in PACKAGE.rglob("*.py")}
-OWN_PRIVATE = own_private_names(SOURCES.values()) | {m.rsplit(".", 1)[-1] for m in SOURCES if _private(m.rsplit(".", 1)[-1])}
+@functools.cache
+def sources() -> dict[str, str]:
+    """The package's sources by module name, read on first use."""
+    return {module_name(p): p.read_text() for p in PACKAGE.rglob("*.py")}
+
+
+@functools.cache
+def own_private() -> set[str]:
+    """The package's own private names, found on first use."""
+    return own_private_names(sources().values()) | {m.rsplit(".", 1)[-1] for m in sources()
+                                                    if _private(m.rsplit(".", 1)[-1])}
 
 
 def private_use_violations(sources: dict[str, str], own: set[str]) -> list[str]:
@@ -260,32 +274,32 @@ def baler_violations(graph) -> list[str]:
 
 def test_the_walk_sees_the_imports():
     """Guards the checks below against passing on an empty graph."""
-    assert len(GRAPH) > 60
-    energy = {t for t, _ in GRAPH["lightning_energy.callbacks.energy"]}
+    assert len(graph()) > 60
+    energy = {t for t, _ in graph()["lightning_energy.callbacks.energy"]}
     assert {"lightning_energy.core.recorder", "lightning_energy.integration.base"} <= energy
-    assert ("lightning_energy.measure.ranks", True) in GRAPH["lightning_energy.core.recorder"]  # from a import b
+    assert ("lightning_energy.measure.ranks", True) in graph()["lightning_energy.core.recorder"]  # from a import b
 
 
 def test_measure_imports_nothing_above_it_and_no_lightning():
-    assert measure_violations(GRAPH) == []
+    assert measure_violations(graph()) == []
 
 
 def test_analysis_imports_no_callback():
-    assert analysis_violations(GRAPH) == []
+    assert analysis_violations(graph()) == []
 
 
 def test_only_the_sweep_imports_the_simulators():
-    assert simulator_violations(GRAPH) == []
+    assert simulator_violations(graph()) == []
 
 
 def test_no_import_circle_in_the_whole_tree_function_level_imports_included():
-    assert any(_inside(m, "baler_lit") for m in GRAPH)  # the walk sees both packages
-    assert cycles(GRAPH) == []
+    assert any(_inside(m, "baler_lit") for m in graph())  # the walk sees both packages
+    assert cycles(graph()) == []
 
 
 def test_the_core_reaches_no_lightning_and_no_trainer_front_end():
-    assert any(_inside(m, "lightning_energy.core") for m in GRAPH)  # the walk sees the core
-    assert core_violations(GRAPH) == []
+    assert any(_inside(m, "lightning_energy.core") for m in graph())  # the walk sees the core
+    assert core_violations(graph()) == []
 
 
 def test_the_core_imports_without_lightning():
@@ -293,7 +307,7 @@ def test_the_core_imports_without_lightning():
     import subprocess
     import sys
 
-    core = sorted(m for m in GRAPH if _inside(m, "lightning_energy.core"))
+    core = sorted(m for m in graph() if _inside(m, "lightning_energy.core"))
     probe = (f"import importlib, sys\nfor m in {core!r}:\n    importlib.import_module(m)\n"
              f"print(sorted(n for n in sys.modules if n.split('.')[0] in {LIGHTNING!r}))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT).stdout
@@ -301,7 +315,7 @@ def test_the_core_imports_without_lightning():
 
 
 def test_callbacks_never_import_another_callback():
-    assert callback_violations(GRAPH) == []
+    assert callback_violations(graph()) == []
 
 
 def test_no_import_runs_back_up_the_layers():
@@ -309,12 +323,12 @@ def test_no_import_runs_back_up_the_layers():
     outputs.worker); optimize/ imports no Trainer glue, no offline analysis and no outputs (it once took a
     Lightning helper through integration, the quadratic fit from analysis and the report's file name from
     outputs)."""
-    assert foundation_violations(GRAPH) == []
-    assert optimize_violations(GRAPH) == []
+    assert foundation_violations(graph()) == []
+    assert optimize_violations(graph()) == []
 
 
 def test_lightning_energy_never_imports_baler_lit():
-    assert baler_violations(GRAPH) == []
+    assert baler_violations(graph()) == []
 
 
 KNOWN = {"lightning_energy.integration.timeline", "lightning_energy.simulate.gpu_sim",
@@ -365,9 +379,9 @@ def test_the_core_rule_catches_a_breach_at_any_depth(source):
 
 
 def test_private_names_of_other_packages_only_in_the_internals_modules():
-    assert private_use_violations(SOURCES, OWN_PRIVATE) == []
+    assert private_use_violations(sources(), own_private()) == []
     # the walk sees them where they are allowed (guards against passing on a blind walk)
-    allowed = private_uses(SOURCES["lightning_energy.integration.lightning_internals"], OWN_PRIVATE)
+    allowed = private_uses(sources()["lightning_energy.integration.lightning_internals"], own_private())
     assert any("_batches_that_stepped" in use for use in allowed) and any("_should_accumulate" in use for use in allowed)
 
 
@@ -379,11 +393,11 @@ def test_private_names_of_other_packages_only_in_the_internals_modules():
     "import zeus.device.gpu._private_module",
 ])
 def test_the_private_use_rule_catches_a_breach(source):
-    breaches = private_use_violations({"lightning_energy.callbacks.energy": source}, OWN_PRIVATE)
+    breaches = private_use_violations({"lightning_energy.callbacks.energy": source}, own_private())
     assert len(breaches) == 1
     # ... and allows our own private names: self._x, our functions, attributes set on our functions
     own = "def f(self, timeline):\n    self._x = 1\n    return timeline._deliver, _report(self)"
-    assert private_use_violations({"lightning_energy.callbacks.energy": own}, OWN_PRIVATE) == []
+    assert private_use_violations({"lightning_energy.callbacks.energy": own}, own_private()) == []
 
 
 def prints(source: str) -> list[tuple[str | None, int]]:
@@ -415,8 +429,8 @@ def print_violations(sources: dict[str, str]) -> list[str]:
 
 
 def test_library_messages_are_logged_not_printed():
-    assert print_violations(SOURCES) == []
-    assert len(prints(SOURCES["lightning_energy.core.recorder"])) == 1  # the walk sees the report's print
+    assert print_violations(sources()) == []
+    assert len(prints(sources()["lightning_energy.core.recorder"])) == 1  # the walk sees the report's print
 
 
 @pytest.mark.parametrize(("module", "source"), [

@@ -74,13 +74,20 @@ DEFAULT_SETTLE_BUDGET = 2
 DEFAULT_WARMUP_SHARE = 0.25
 EXACT_REL = 1e-9  # windows (and costs) agreeing to this relative precision are equal: float rounding only
 MIN_SPARE_POINTS = 2  # a fit of p parameters is drawn with its R² only from p + 2 points on
-# DVFS-model pruning (issue 30 item 2, :mod:`lightning_energy.optimize.power_limit.dvfs_model`): on grids of at
-# least MODEL_MIN_LIMITS limits, gap bounds also use every DVFS model that fits each profiled limit within
-# MODEL_FIT_Z standard deviations (time and power; + MODEL_SLACK for the model's own error).
-DEFAULT_MODEL_PRUNING = False  # off: on the benchmark it saves too few steps to meet issue 30 item 2 (see the README)
+# DVFS-model guidance (issue 30 item 2, :mod:`lightning_energy.optimize.power_limit.dvfs_model`): on grids of at
+# least MODEL_MIN_LIMITS limits, once 4 limits are profiled, the model fitted to every profile picks the next windows
+# (its optimum, then the pick's grid neighbours) while each profile lies within MODEL_FIT_Z standard deviations of it
+# (time and power; + MODEL_SLACK for the model's own error) and each limit profiled on its prediction within
+# MODEL_CHECK_Z; once either breaks, branch and bound goes on alone.
+# Off: on benchmarks/power_limit_search.py it does not reach issue 30 item 2's 0.6 of the sweep's steps on 13-limit
+# grids (the shapes it must abandon, cliffs, plateaus and host-bound steps, keep branch and bound's share there).
+DEFAULT_MODEL_PRUNING = False
 MODEL_MIN_LIMITS = 9
 MODEL_FIT_Z = 2.5
 MODEL_SLACK = 0.005
+MODEL_CHECK_Z = 3.0  # a limit profiled on the model's prediction breaks it beyond this many standard deviations
+MODEL_PREDICTION_VARIANCE = 0.5  # the fitted model's own prediction variance, in windows' variances
+_UNGUIDED = object()  # the DVFS model does not guide this step: branch and bound does
 # Small grids (fewer limits): the cap (the sweep's profiling) is barely every limit once, so there is no
 # calibration window, energy and ZeusCost profile every limit once in Zeus's order (the equal-budget rule), and
 # for time a limit never profiled goes before any repeat.
@@ -360,12 +367,14 @@ class AdaptiveSearch:
         warmup_share: warm-up steps after a limit change over profile steps per window: windows worth
             profiling are ranked by possible gain per step, so a repeat of the limit just profiled (no
             warm-up) is preferred to an equally promising window elsewhere.
-        model_pruning: on grids of at least :data:`MODEL_MIN_LIMITS` limits and cost selectors, also bound gaps
-            by every DVFS model (:mod:`lightning_energy.optimize.power_limit.dvfs_model`) that fits each profile
-            within :data:`MODEL_FIT_Z` standard deviations, and profile the model's optimum before a pick; once no
-            model fits (a cliff, plateaus, a thermal curve) only branch and bound goes on (:attr:`model_state`).
-            Off by default: on ``benchmarks/power_limit_search.py`` it saved at most 0.08 of the sweep's steps
-            beyond branch and bound and lost success once (16 limits, 3 % noise, energy: 80 % against 98 %).
+        model_pruning: on grids of at least :data:`MODEL_MIN_LIMITS` limits and cost selectors, once four limits
+            are profiled, let the DVFS model (:mod:`lightning_energy.optimize.power_limit.dvfs_model`) fitted to
+            every profile choose the windows while it holds (:meth:`_model_step`): its optimum is profiled, then the
+            pick's grid neighbours (the pick is a measured local minimum), and a pick the model costs beyond
+            ``tolerance`` of its optimum is profiled again; then the search stops. A profile beyond
+            :data:`MODEL_FIT_Z` standard deviations of the fit, or a limit profiled on the model's prediction beyond
+            :data:`MODEL_CHECK_Z` of it, abandons the model for good and branch and bound goes on
+            (:attr:`model_state`). Off by default (:data:`DEFAULT_MODEL_PRUNING`).
 
     Grids of fewer than :data:`SMALL_GRID_LIMITS` limits, where the cap is barely every limit once: energy,
     ZeusCost and max slowdown profile every limit once in Zeus's order (:attr:`sweeps_small_grid`, the
@@ -386,7 +395,8 @@ class AdaptiveSearch:
         if not isinstance(model_pruning, bool):
             raise ValueError(f"`model_pruning` must be True or False, got {model_pruning!r}")
         self.model_pruning = model_pruning
-        self._model_state = "unfitted"  # "unfitted", "trusted" (bounds gaps) or "abandoned" (profiles broke it)
+        self._model_state = "unfitted"  # "unfitted", "trusted" (guides) or "abandoned" (profiles broke it)
+        self._model_predictions: dict[int, tuple[float, float]] = {}  # limit: (J, s per step) predicted before it
         if isinstance(warmup_share, bool) or not isinstance(warmup_share, (int, float)) or not warmup_share >= 0:
             raise ValueError(f"`warmup_share` must be a number >= 0, got {warmup_share!r}")
         self.warmup_share = float(warmup_share)
@@ -433,13 +443,14 @@ class AdaptiveSearch:
 
     @property
     def uses_model(self) -> bool:
-        """Whether DVFS-model bounds may prune gaps on this grid and selector."""
+        """Whether the DVFS model may guide the search on this grid and selector."""
         return self.model_pruning and len(self.grid) >= MODEL_MIN_LIMITS and not self.objective.is_threshold
 
     @property
     def model_state(self) -> str:
         """``"off"`` (not used here), ``"unfitted"`` (fewer than 4 limits profiled), ``"trusted"`` (every
-        profile fits it within noise: it bounds gaps) or ``"abandoned"`` (profiles broke it: branch and bound only)."""
+        profile fits it within noise: it guides the search) or ``"abandoned"`` (profiles broke it: branch and bound
+        only)."""
         return self._model_state if self.uses_model else "off"
 
     def plan(self) -> dict:
@@ -501,6 +512,7 @@ class AdaptiveSearch:
         if total < self._counted_windows:  # a fresh search on the same object
             self._spent, self._counted_windows, self._last_counted = 0.0, 0, None
             self._model_state = "unfitted"
+            self._model_predictions = {}
         new = total - self._counted_windows
         if new == 1 and previous is not None:
             self._spent += 1.0 if previous == self._last_counted else 1.0 + self.warmup_share
@@ -593,15 +605,16 @@ class AdaptiveSearch:
         actions = []
         in_play = 0.0  # the profiling the windows still worth a look would cost (a promising gap: its bisection)
         explored: set[int] = set()  # limits inside a gap worth bisecting
+        if gaps and self.uses_model:
+            guided = self._model_step(done, costs, best, sigma)
+            if guided is not _UNGUIDED:
+                return guided
         convex = gaps and self._looks_convex(done, sigma)
-        model = self._model_costs(done, sigma) if gaps else None
         for i, (lo, hi) in enumerate(zip(done, done[1:]) if gaps else ()):
             inside = [limit for limit in self.grid if lo.limit_W < limit < hi.limit_W]
             if not inside:
                 continue
             bound = self._gap_bound(done, i, sigma, convex, best)
-            if model is not None:
-                bound = max(bound, min(model[0][limit] for limit in inside))
             gain = (best_cost - bound) / best_cost - self.tolerance
             if self.objective.selector == "time" and (lo is best or hi is best):
                 # for time a gap beside the fastest profile is bounded by its own time alone (the monotonic fact, no
@@ -623,10 +636,6 @@ class AdaptiveSearch:
                 if 0 <= j < len(self.grid) and self.grid[j] not in profiled and self.grid[j] not in explored:
                     actions.append((NEIGHBOUR_GAIN, self.grid[j], False, True))
                     in_play += 1.0 + self.warmup_share
-        if model is not None and model[1] not in profiled:
-            # the model's optimum is always measured before a pick: a bound it tightened is then checked there
-            actions.append((math.inf, model[1], False, True))
-            in_play += 1.0 + self.warmup_share
         exact = self._noise_free(done)
         for p in done:
             if p is best:
@@ -674,30 +683,68 @@ class AdaptiveSearch:
             self._split_limits.add(limit)
         return limit
 
-    def _model_costs(self, done: list[LimitProfile], sigma: float) -> tuple[dict[int, float], int] | None:
-        """While the DVFS model holds: a lower bound on the cost at every grid limit (the cheapest prediction of
-        every candidate model that fits each profile within :data:`MODEL_FIT_Z` standard deviations, less a
-        window's noise margin) and the model's optimum (the limit of the cheapest prediction); None before four
-        limits are profiled, and for good once no candidate fits (cliffs, plateaus, thermal curves)."""
-        if not self.uses_model or self._model_state == "abandoned":
-            return None
-        from lightning_energy.optimize.power_limit.dvfs_model import MIN_LIMITS, consistent_predictions
+    def _model_step(self, done: list[LimitProfile], costs: dict[int, float], best: LimitProfile, sigma: float):
+        """The next window while the DVFS model holds (:data:`_UNGUIDED`: the model does not guide this step).
 
-        if len(done) < MIN_LIMITS:
-            return None
-        margins = [MODEL_FIT_Z * math.sqrt(2.0) * sigma / math.sqrt(p.window_count) + MODEL_SLACK for p in done]
-        grid = sorted(self.grid)
-        predicted = consistent_predictions([p.limit_W for p in done], [p.energy_per_step_J for p in done],
-                                           [p.time_per_step_s for p in done], margins, grid)
-        if predicted is None:
+        The model fitted to every profile (windows weighing by their count) predicts each limit's cost; it is
+        abandoned for good once a profile lies beyond :data:`MODEL_FIT_Z` standard deviations of it, or once a
+        limit profiled on its prediction measures beyond that of what it predicted (an out-of-sample check).
+        While it holds: its optimum is profiled (a measured confirmation before any pick), then the grid neighbours
+        of the pick (Zeus's selector over the profiles; the one the model costs less first), so the pick is a
+        measured local minimum; when the pick is a limit the model costs beyond ``tolerance`` of its optimum, it
+        is profiled again (a lucky window); otherwise the search stops."""
+        from lightning_energy.optimize.power_limit.dvfs_model import MIN_LIMITS, fit_dvfs
+
+        if self._model_state == "abandoned" or len(done) < MIN_LIMITS:
+            return _UNGUIDED
+        for p in done:  # out-of-sample: what the model predicted for a limit before it was profiled
+            predicted = self._model_predictions.get(p.limit_W)
+            if predicted is None:
+                continue
+            margin = MODEL_CHECK_Z * sigma * math.sqrt(1.0 / p.window_count + MODEL_PREDICTION_VARIANCE) + MODEL_SLACK
+            if (abs(p.time_per_step_s / predicted[1] - 1.0) > margin
+                    or abs(p.mean_power_W / (predicted[0] / predicted[1]) - 1.0) > margin):
+                self._model_state = "abandoned"
+                return _UNGUIDED
+        fit = fit_dvfs([p.limit_W for p in done], [p.energy_per_step_J for p in done],
+                       [p.time_per_step_s for p in done], weights=[p.window_count for p in done],
+                       min_limit_W=self.grid[-1], max_limit_W=self.grid[0])
+        if fit is None:
             self._model_state = "abandoned"
-            return None
+            return _UNGUIDED
+        for p, (time_res, power_res) in zip(done, fit.residuals):
+            margin = MODEL_FIT_Z * sigma / math.sqrt(p.window_count) + MODEL_SLACK
+            if abs(time_res) > margin or abs(power_res) > margin:
+                self._model_state = "abandoned"
+                return _UNGUIDED
         self._model_state = "trusted"
+        grid = np.array(sorted(self.grid), dtype=float)
+        energy, time = fit.model.energy_per_step_J(grid), fit.model.time_per_step_s(grid)
         top = done[-1]
-        costs = np.asarray(self.objective.cost_of(predicted[0], predicted[1], top.limit_W, top.time_per_step_s))
-        floor = costs.min(axis=0) * (1.0 - GAP_Z * sigma - MODEL_SLACK)
-        optimum = grid[int(np.argmin(costs.min(axis=0)))]
-        return {limit: float(c) for limit, c in zip(grid, floor)}, optimum
+        predicted = np.asarray(self.objective.cost_of(energy, time, top.limit_W, top.time_per_step_s))
+        ranked = {int(limit): float(c) for limit, c in zip(grid, predicted)}
+        optimum = min(sorted(ranked, reverse=True), key=lambda limit: ranked[limit])  # ties: the higher limit
+        profiled = {p.limit_W: p for p in done}
+        if optimum not in profiled:
+            self._model_predictions[optimum] = (float(energy[list(grid).index(optimum)]),
+                                                float(time[list(grid).index(optimum)]))
+            return optimum
+        # the pick must be a measured local minimum: its grid neighbours are profiled (a model that misses a steep
+        # optimum by a limit or two is corrected by the measurements, not trusted)
+        position = self.grid.index(best.limit_W)
+        beside = [self.grid[j] for j in (position - 1, position + 1)
+                  if 0 <= j < len(self.grid) and self.grid[j] not in profiled]
+        if beside:
+            nearest = min(beside, key=lambda limit: (ranked[limit], -limit))
+            self._model_predictions[nearest] = (float(energy[list(grid).index(nearest)]),
+                                                float(time[list(grid).index(nearest)]))
+            return nearest
+        if ranked[best.limit_W] > ranked[optimum] * (1.0 + self.tolerance - MODEL_SLACK):
+            if self._can_repeat(best):  # the pick measured luckily low: another window shows it
+                return best.limit_W
+            if self._can_repeat(profiled[optimum]):
+                return optimum
+        return None
 
     def _gap_bound(self, done: list[LimitProfile], i: int, sigma: float, convex: bool,
                    best: LimitProfile | None = None) -> float:
