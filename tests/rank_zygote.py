@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,17 +181,29 @@ class RankZygote:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
+        self._replies: queue.Queue = queue.Queue()  # the zygote's reply lines, decoded, None at its end
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve"], env=env, text=True,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        if json.loads(process.stdout.readline() or "{}").get("ready") is not True:
+        # A thread reads the replies, so that a wait with a timeout never misses a line already buffered
+        threading.Thread(target=self._read_replies, args=(process.stdout,), name="zygote-replies", daemon=True).start()
+        if (self._next_reply(timeout_s=300) or {}).get("ready") is not True:
             process.kill()
             process.wait()
             raise RuntimeError("the rank zygote did not start (run `python tests/rank_zygote.py serve` to see why)")
         self._process = process
         return process
+
+    def _read_replies(self, stream) -> None:
+        for line in stream:
+            self._replies.put(json.loads(line))
+        self._replies.put(None)
+
+    def _next_reply(self, timeout_s: float | None = None) -> dict | None:
+        """The zygote's next reply; ``queue.Empty`` past ``timeout_s``; None once it has ended."""
+        return self._replies.get(timeout=timeout_s)
 
     def run(self, script: str | Path, argv: list[str], logs: Path, *, nodes: int = 1, devices: int = 2,
             env: dict | None = None, timeout_s: float = 240.0) -> RanksRun:
@@ -222,31 +236,23 @@ class RankZygote:
         process = self._process or self._start()
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()
-        pids = json.loads(process.stdout.readline())["pids"]
-        codes = self._wait(process, pids, timeout_s)
+        pids = self._reply(process, "pids")
+        try:
+            codes = self._reply(process, "codes", timeout_s)
+        except queue.Empty:  # past the timeout: every rank is killed, and the zygote then reports their codes
+            _kill_groups(pids)
+            codes = self._reply(process, "codes")
         ranks = request["ranks"]
         read = [(Path(r["stdout"]).read_text(errors="replace"), Path(r["stderr"]).read_text(errors="replace"))
                 for r in ranks]
         returncode = next((c for c in codes if c != 0), 0)
         return RanksRun(returncode, codes, "".join(o for o, _ in read), "".join(e for _, e in read), port)
 
-    @staticmethod
-    def _wait(process: subprocess.Popen, pids: list[int], timeout_s: float) -> list[int]:
-        """The ranks' exit codes; past ``timeout_s`` every rank's process group is killed (the codes say so)."""
-        import selectors
-
-        selector = selectors.DefaultSelector()
-        selector.register(process.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not selector.select(timeout=None if deadline == float("inf")
-                                      else max(0.0, deadline - time.monotonic())):
-                if time.monotonic() >= deadline:
-                    _kill_groups(pids)
-                    deadline = float("inf")
-        finally:
-            selector.close()
-        return json.loads(process.stdout.readline())["codes"]
+    def _reply(self, process: subprocess.Popen, key: str, timeout_s: float | None = None):
+        reply = self._next_reply(timeout_s)
+        if reply is None:
+            raise RuntimeError(f"the rank zygote exited with code {process.wait()}")
+        return reply[key]
 
     def close(self) -> None:
         """End the zygote (its stdin closes: it returns from its loop) and close its pipes."""
