@@ -28,11 +28,21 @@ epochs and wins later, so successive halving on partial runs would cut the winne
    want nothing else) and the baseline, topped up to ``repeats`` (R) runs each, in rounds of one run
    per configuration in a new random order each round.
    With one winner, it and the baseline are topped up.
-4. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
+4. *Refine* (coordinate descent, up to ``refine_rounds`` rounds, 2 by default): the screened values are
+   fixed steps from the *baseline*, but levers interact (a smaller batch wants a different rate; once the
+   batch is ÷4, ÷8 may win again), so the search moves from the best confirmed configuration one lever at
+   a time: each numeric lever one step either way (batch size ×2 or ÷2, at least 8 rows; learning rate ×3
+   or ÷3), each other lever to its other values, ``screen_repeats`` runs each with the best's lowest energy
+   to target as the budget (past it, it cannot beat the best). The cheapest candidate whose every run beat
+   every run of the best is topped up to R runs beside the best and replaces it if its median is lower;
+   a round with no such candidate ends the refinement.
+5. *Recommend*: of the configurations with R runs that all reached the target, the lowest median
    energy to target.
 
-That is at most ``S·(1 + A) + R·(3 + W) - 2S`` runs (A alternatives, W winners): 21 for A = 10, W = 3,
-S = 1, R = 2; a full grid of the same levers would be hundreds.
+Without refinement that is at most ``S·(1 + A) + R·(3 + W) - 2S`` runs (A alternatives, W winners): 21 for
+A = 10, W = 3, S = 1, R = 2; each refinement round adds at most one run per neighbour (about 10 for Baler's
+levers), each stopped at the best's energy, and R for the challenger; a full grid of the same levers would
+be hundreds.
 
 **Stopping bad configurations early.** Every run carries an energy budget, and
 :class:`~lightning_energy.EnergyToAccuracy` ends it at the first validation past it without the target;
@@ -41,8 +51,9 @@ configuration that lost once gets no further repeats. While screening, the quest
 alternative beats the baseline, and one that has spent the baseline's lowest energy to target without
 reaching it cannot be a winner (a winner beats every baseline run): the budget is that energy, so a
 lever that helps a little is not cut because another helps a lot. From then on it is **Zeus's rule**:
-``beta`` (2) × the lowest energy to target finished so far. The baseline never has a budget: it is the
-reference of every ratio. ``budget_runs`` caps the total number of runs.
+``beta`` (2) × the lowest energy to target finished so far; while refining, a candidate's budget is the best
+configuration's lowest energy to target. The baseline never has a budget: it is the reference of every ratio.
+``budget_runs`` caps the total number of runs.
 
 Figures: medians over the repeats, ± half their range, CO2 to target from the catalog record's
 intensity and PUE, and the provenance of every joule (measured / estimated / simulated).
@@ -80,6 +91,7 @@ from lightning_energy.units import J_PER_KWH
 
 DEFAULT_BETA = 2.0  # Zeus's BatchSizeOptimizer beta_knob: stop a trial past 2x the best cost
 DEFAULT_REPEATS = 2
+DEFAULT_REFINE_ROUNDS = 2
 BASELINE = "baseline"
 TARGET_FORMS = "METRIC=VALUE (a loss or error: reached at or below), METRIC<=VALUE or METRIC>=VALUE"
 _FALLING_WORDS = ("loss", "err", "mse", "mae", "rmse", "perplexity")
@@ -130,6 +142,17 @@ class Lever:
     baseline: Any
     alternatives: tuple
     what: str
+    step: float | None = None  # numeric levers: the refinement's move is x step or / step (batch 2, rate 3)
+
+    def neighbours(self, value: Any) -> tuple:
+        """The values the refinement tries from ``value``: one step either way for a numeric lever (a batch
+        size stays an integer of at least :data:`MIN_BATCH` rows), every other value for the rest."""
+        if self.step is None:
+            return tuple(v for v in (self.baseline, *self.alternatives) if v != value)
+        if isinstance(self.baseline, int):
+            moves = (int(value // self.step), int(value * self.step))
+            return tuple(dict.fromkeys(v for v in moves if v >= MIN_BATCH and v != value))
+        return tuple(dict.fromkeys(float(f"{value * f:.6g}") for f in (1 / self.step, self.step)))
 
 
 @dataclass
@@ -158,6 +181,16 @@ class Runner(Protocol):
     def __call__(self, settings: dict[str, Any], name: str, budget_J: float | None) -> RunOutcome:
         """Train the baseline with ``settings`` (lever name -> value) as run ``name``, ending it once it has
         spent ``budget_J`` without reaching the target (None: no budget)."""
+
+
+def most_runs(levers: list["Lever"], screen_repeats: int, repeats: int, refine_rounds: int) -> int:
+    """The most runs the search can take (no ``budget_runs``): screening and confirmation (the module
+    docstring's bound), plus per refinement round every neighbour once per screen repeat and the challenger's
+    top-up."""
+    alternatives = sum(len(lever.alternatives) for lever in levers)
+    base = screen_repeats * (1 + alternatives) + repeats * (3 + len(levers)) - 2 * screen_repeats
+    neighbours = sum(2 if lever.step is not None else len(lever.alternatives) for lever in levers)
+    return base + refine_rounds * (screen_repeats * neighbours + repeats - screen_repeats)
 
 
 def co2_g(energy_J: float, g_per_kWh: float, pue: float = 1.0) -> float:
@@ -291,6 +324,7 @@ class Search:
         screen_repeats: runs of each configuration while screening one lever at a time (``S``, default R).
         beta: a run's energy budget is ``beta`` x the lowest energy to target finished so far.
         budget_runs: the most runs in all (None: no cap).
+        refine_rounds: rounds of coordinate descent from the best confirmed configuration (0: none).
         seed: seed of the random run order.
         log: called with one line per run.
     """
@@ -298,7 +332,7 @@ class Search:
     def __init__(self, levers: list[Lever], runner: Runner, repeats: int = DEFAULT_REPEATS,
                  beta: float = DEFAULT_BETA, budget_runs: int | None = None, seed: int = 0,
                  log: Callable[[str], None] | None = None, target: Target | None = None,
-                 screen_repeats: int | None = None) -> None:
+                 screen_repeats: int | None = None, refine_rounds: int = DEFAULT_REFINE_ROUNDS) -> None:
         screen_repeats = repeats if screen_repeats is None else screen_repeats
         if not 1 <= screen_repeats <= repeats:
             raise ValueError(f"need 1 <= screen_repeats <= repeats, got {screen_repeats} and {repeats}")
@@ -306,6 +340,9 @@ class Search:
             raise ValueError(f"`beta` must be > 1, got {beta}")
         if budget_runs is not None and budget_runs < 1:
             raise ValueError(f"`budget_runs` must be >= 1, got {budget_runs}")
+        if isinstance(refine_rounds, bool) or not isinstance(refine_rounds, int) or refine_rounds < 0:
+            raise ValueError(f"`refine_rounds` must be an integer >= 0, got {refine_rounds!r}")
+        self.refine_rounds = refine_rounds
         self.levers, self.runner, self.repeats, self.beta = levers, runner, repeats, beta
         self.screen_repeats = screen_repeats
         self.budget_runs, self.target = budget_runs, target
@@ -325,7 +362,7 @@ class Search:
                               "give a target the config reaches within its max_epochs")
         stage = [baseline] + [self._trial({lever.name: value}, "one lever")
                               for lever in self.levers for value in lever.alternatives]
-        self._run_repeats(stage, self.screen_repeats, against_baseline=True)
+        self._run_repeats(stage, self.screen_repeats, against=baseline)
         winners = self.winners()
         confirm = [baseline, self._trial(dict(winners), "combined")] if winners else [baseline]
         if len(winners) > 1:
@@ -336,12 +373,55 @@ class Search:
             if screened:
                 confirm.append(min(screened, key=lambda t: t.median("energy_J")))
         self._run_repeats(confirm, self.repeats)
+        best = self.refine(self._best())
+        return SearchResult(self.target, list(self.trials.values()), best, baseline, winners, self.repeats,
+                            self.beta, len(self.order), self.skipped, self.budget_exhausted, list(self.order),
+                            self.screen_repeats)
+
+    def _best(self) -> Trial:
+        """The lowest median energy to target among the configurations with every repeat reached (else those
+        screened, else the baseline)."""
         trials = list(self.trials.values())
         complete = ([t for t in trials if t.complete(self.repeats)] or
-                    [t for t in trials if t.complete(self.screen_repeats)] or [baseline])
-        best = min(complete, key=lambda t: t.median("energy_J"))
-        return SearchResult(self.target, trials, best, baseline, winners, self.repeats, self.beta, len(self.order),
-                            self.skipped, self.budget_exhausted, list(self.order), self.screen_repeats)
+                    [t for t in trials if t.complete(self.screen_repeats)] or [self.trials[_key({})]])
+        return min(complete, key=lambda t: t.median("energy_J"))
+
+    def neighbours(self, settings: dict[str, Any]) -> list[dict[str, Any]]:
+        """``settings`` with one lever moved (:meth:`Lever.neighbours`); a lever back at its baseline value is
+        dropped from the settings, so each configuration has one name."""
+        out = []
+        for lever in self.levers:
+            current = settings.get(lever.name, lever.baseline)
+            for value in lever.neighbours(current):
+                moved = {**settings, lever.name: value}
+                out.append({other.name: moved[other.name] for other in self.levers  # in the levers' order
+                            if other.name in moved and moved[other.name] != other.baseline})
+        return out
+
+    def refine(self, best: Trial) -> Trial:
+        """Coordinate descent from ``best`` (step 4 of the module docstring); returns the best found."""
+        for round_ in range(1, self.refine_rounds + 1):
+            if not best.complete(self.repeats) or self._out_of_runs():
+                break
+            fresh = [s for s in self.neighbours(best.settings) if _key(s) not in self.trials]
+            candidates = [self._trial(s, f"refine {round_}") for s in fresh]
+            if not candidates:
+                break
+            self._run_repeats(candidates, self.screen_repeats, against=best)
+            floor = min(best.reached_J())
+            beating = [t for t in candidates if t.complete(self.screen_repeats) and max(t.reached_J()) < floor]
+            if not beating:
+                break
+            challenger = min(beating, key=lambda t: t.median("energy_J"))
+            self._run_repeats([best, challenger], self.repeats)
+            if not (challenger.complete(self.repeats) and
+                    challenger.median("energy_J") < best.median("energy_J")):
+                break
+            best = challenger
+        return best
+
+    def _out_of_runs(self) -> bool:
+        return self.budget_runs is not None and len(self.order) >= self.budget_runs
 
     def winners(self) -> dict[str, Any]:
         """Per lever, the alternative with the lowest median energy among those whose every run beat every
@@ -362,11 +442,12 @@ class Search:
     def _trial(self, settings: dict[str, Any], stage: str) -> Trial:
         return self.trials.setdefault(_key(settings), Trial(dict(settings), stage))
 
-    def _run_repeats(self, trials: list[Trial], repeats: int, against_baseline: bool = False) -> None:
+    def _run_repeats(self, trials: list[Trial], repeats: int, against: Trial | None = None) -> None:
         """Run every trial up to ``repeats`` runs, in rounds (each trial one more run per round, in a new random
         order each round: drift spreads over all, and a run budget that ends the search leaves no trial of
-        the stage unmeasured while another has its repeats); each run's budget is the baseline's lowest
-        energy to target (``against_baseline``) or ``beta`` x the best finished."""
+        the stage unmeasured while another has its repeats); each run's budget is the lowest energy to
+        target of ``against`` (the configuration it must beat: the baseline while screening, the best while
+        refining), else ``beta`` x the best finished."""
         queue = []
         for round_ in range(repeats):
             members = [t for t in trials if len(t.runs) + sum(q is t for q in queue) < repeats]
@@ -376,23 +457,24 @@ class Search:
             if trial.lost is not None:
                 self.skipped += 1
                 continue
-            self._run_once(trial, against_baseline)
+            self._run_once(trial, against)
 
     def best_J(self) -> float | None:
         finished = [j for t in self.trials.values() for j in t.reached_J() if j > 0]
         return min(finished) if finished else None
 
-    def _run_once(self, trial: Trial, against_baseline: bool = False) -> None:
-        if self.budget_runs is not None and len(self.order) >= self.budget_runs:
+    def _run_once(self, trial: Trial, against: Trial | None = None) -> None:
+        if self._out_of_runs():
             self.budget_exhausted = True
             self.skipped += 1
             return
         best = self.best_J()
-        baseline_J = min(self.trials[_key({})].reached_J(), default=None)
+        against_J = min(against.reached_J(), default=None) if against is not None else None
         if not trial.settings or best is None:  # the baseline is the reference of every ratio: never cut
             budget_J, why = None, ""
-        elif against_baseline:
-            budget_J, why = baseline_J, f" (budget: the baseline's {baseline_J:.4g} J)"
+        elif against_J is not None:
+            whose = "the baseline's" if not against.settings else f"the best's ({against.name})"
+            budget_J, why = against_J, f" (budget: {whose} {against_J:.4g} J)"
         else:
             budget_J, why = self.beta * best, f" (budget {self.beta:g} x best {best:.4g} J)"
         name = f"r{len(self.order):03d}_{_slug(trial.settings)}"
@@ -547,6 +629,8 @@ SCHEDULE_KEYS = ("lr_patience",)
 SCHEDULE_PATIENCE = 3  # epochs of a ReduceLROnPlateau patience to try (Baler's default is 50)
 LR_FACTORS = (3, 10, 30)
 MIN_BATCH = 8
+BATCH_STEP = 2  # the refinement's move of the batch size: x2 or /2
+LR_STEP = 3  # the refinement's move of the learning rate: x3 or /3
 LEVER_NAMES = ("precision", "dtype", "batch_size", "lr", "lr_schedule", "shuffle", "compile", "power_limit_W")
 
 
@@ -583,7 +667,7 @@ def find_levers(config: dict, device: str = "cpu", power_limits_W: list[float] |
     if batch is not None and isinstance(batch[1], int) and not isinstance(batch[1], bool):
         size = batch[1]
         values = tuple(dict.fromkeys(b for b in (size // 4, size // 2, size * 2) if b >= MIN_BATCH and b != size))
-        levers.append(Lever("batch_size", batch[0], size, values, "rows per batch"))
+        levers.append(Lever("batch_size", batch[0], size, values, "rows per batch", step=BATCH_STEP))
         if eval_batch_path(config, batch[0]) is None:
             notes.append("batch size: validation batches follow the training batch size (no eval_batch_size "
                          "beside it): a loss summed per batch then changes with the batch size at the same model")
@@ -592,7 +676,7 @@ def find_levers(config: dict, device: str = "cpu", power_limits_W: list[float] |
     lr = config_key(config, "model", LR_KEYS)
     if lr is not None and isinstance(lr[1], (int, float)) and not isinstance(lr[1], bool) and lr[1] > 0:
         levers.append(Lever("lr", lr[0], lr[1], tuple(float(f"{lr[1] * f:.6g}") for f in LR_FACTORS),
-                            "learning rate"))
+                            "learning rate", step=LR_STEP))
     else:
         notes.append("learning rate: not explored (no lr or learning_rate under model in the config)")
     schedule = config_key(config, "model", SCHEDULE_KEYS)

@@ -1,12 +1,13 @@
 """``lightning-energy recommend --config CFG.yaml --target val/loss=0.01``: the cheapest measured way to a target.
 
 Searches the suite's levers (precision, dtype, batch size, learning rate and schedule, shuffling,
-``torch.compile``, GPU power limits) one at a time from the config, then combines the winners
-(:mod:`lightning_energy.optimize.recommend`), each run a ``fit`` of the user's LightningCLI in its own process
-(:mod:`lightning_energy.optimize.recommend_config`) stopped at the target, or early once it has spent ``--beta`` x
-the best energy to target. Writes into ``--out``: ``runs/<run>/`` (each run's config, log and logs),
-``energy_catalog.sqlite`` (every run), ``recommend.json`` (every run and configuration) and
-``recommended.yaml`` (``CLI fit --config recommended.yaml`` trains the winner and stops at the target).
+``torch.compile``, GPU power limits) one at a time from the config, combines the winners, then moves from the
+best one lever at a time (``--refine-rounds``; :mod:`lightning_energy.optimize.recommend`), each run a ``fit`` of
+the user's LightningCLI in its own process (:mod:`lightning_energy.optimize.recommend_config`) stopped at the
+target, or early once it has spent ``--beta`` x the best energy to target. Writes into ``--out``:
+``runs/<run>/`` (each run's config, log and logs), ``energy_catalog.sqlite`` (every run), ``recommend.json`` (every
+run and configuration) and ``recommended.yaml`` (``CLI fit --config recommended.yaml`` trains the winner and stops
+at the target).
 
 ``--test-data FILE`` adds the held-out check after the search
 (:func:`~lightning_energy.optimize.recommend.heldout_check`): the config as given (its own ``max_epochs``, no
@@ -40,6 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--screen-repeats", type=int, default=1,
                         help="runs of each configuration while screening one lever at a time (default 1)")
     parser.add_argument("--budget-runs", type=int, default=None, metavar="N", help="at most N runs in all")
+    parser.add_argument("--refine-rounds", type=int, default=None, metavar="N",
+                        help="rounds of coordinate descent from the best configuration: one lever moved at a time "
+                             "(batch x2 or /2, learning rate x3 or /3, the others' values); default 2, 0 for none")
     parser.add_argument("--beta", type=float, default=None,
                         help="stop a run past beta x the best energy to target (default 2, Zeus's rule)")
     parser.add_argument("--levers", default=None, help="comma-separated levers to explore (default: all available)")
@@ -62,7 +66,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from lightning_energy.cli.commands import CommandError
     from lightning_energy.extras import check_installed
-    from lightning_energy.optimize.recommend import DEFAULT_BETA, DEFAULT_REPEATS, parse_target, select_levers
+    from lightning_energy.optimize.recommend import (
+        DEFAULT_BETA, DEFAULT_REFINE_ROUNDS, DEFAULT_REPEATS, most_runs, parse_target, select_levers,
+    )
     from lightning_energy.optimize.recommend_config import DEFAULT_CLI, ConfigError, has_compile, load_configs, set_path
 
     try:
@@ -71,7 +77,9 @@ def run(args) -> int:
         raise CommandError(str(err)) from None
     repeats = DEFAULT_REPEATS if args.repeats is None else args.repeats
     beta = DEFAULT_BETA if args.beta is None else args.beta
+    refine = DEFAULT_REFINE_ROUNDS if args.refine_rounds is None else args.refine_rounds
     for name, value, low in (("--repeats", repeats, 1), ("--budget-runs", args.budget_runs, 1),
+                             ("--refine-rounds", refine, 0),
                              ("--max-epochs", args.max_epochs, 1), ("--screen-repeats", args.screen_repeats, 1)):
         if value is not None and value < low:
             raise CommandError(f"{name} must be >= {low}, got {value}")
@@ -102,9 +110,9 @@ def run(args) -> int:
         check_installed(["jsonargparse", *(["zeus"] if limits else [])],
                         "its runs (LightningCLI fits; --power-limits: Zeus)")
     alternatives = sum(len(lever.alternatives) for lever in levers)
-    most = screen * (1 + alternatives) + repeats * (3 + len(levers)) - 2 * screen
+    most = most_runs(levers, screen, repeats, refine)
     print(f"target {target}; device {device}; {len(levers)} levers, {alternatives} alternatives; "
-          f"{screen} run(s) each screened, {repeats} confirmed; at most {most} runs"
+          f"{screen} run(s) each screened, {repeats} confirmed, {refine} refinement round(s); at most {most} runs"
           + (f" (capped at {args.budget_runs})" if args.budget_runs else ""))
     if heldout is not None:
         print(f"held-out check on {args.test_data}: the config as given and the pick, seeds "
@@ -120,6 +128,7 @@ def run(args) -> int:
         raise CommandError(f"--out {args.out} is not empty; give a new folder")
     if heldout is not None:
         heldout["defaults_max_epochs"] = defaults_max_epochs
+    args.refine_rounds = refine
     return _search(args, base, levers, notes, target, (screen, repeats), beta, limits, device,
                    args.cli or DEFAULT_CLI, heldout)
 
@@ -164,7 +173,7 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
     power = _open_power_limits(base, limits) if limits and device == "cuda" else None
     runner = ConfigRunner(base, by_name, target, args.out, cli, args.run_timeout_s, power)
     search = Search(levers, runner, repeats, beta, args.budget_runs, args.seed, log=print, target=target,
-                    screen_repeats=screen)
+                    screen_repeats=screen, refine_rounds=args.refine_rounds)
     try:
         result = search.run()
     except SearchError as err:
@@ -192,6 +201,7 @@ def _search(args, base, levers, notes, target, repeats, beta, limits, device, cl
     text = recommended_yaml(base, by_name, result.recommended.settings, target, header)
     document = {"target": str(target), "monitor": target.monitor, "value": target.value, "mode": target.mode,
                 "device": device, "repeats": repeats, "screen_repeats": screen, "beta": beta, "cli": cli,
+                "refine_rounds": args.refine_rounds,
                 "configs": [str(c) for c in args.config], "levers": [
                     {"name": lv.name, "path": lv.path, "baseline": lv.baseline, "alternatives": list(lv.alternatives),
                      "what": lv.what} for lv in levers],
