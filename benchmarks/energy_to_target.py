@@ -311,8 +311,8 @@ def combine(paths: list[Path], out: Path) -> None:
     goal = goal_of(results)
     print(summary_table(results))
     print_goal(results, goal)
-    write_json_atomic(out, {"note": "shared 2-core machine (other jobs running): energies are estimated, CPU seconds "
-                                    "measured; each result's `run` holds the settings and machine state it ran with",
+    write_json_atomic(out, {"note": "energies are estimated, CPU seconds measured; each result's `run` holds the "
+                                    "settings, machine and load averages it ran with",
                             "combined_from": [str(p) for p in paths], "goal": goal, "results": results,
                             "superseded": superseded})
     print(f"wrote {out}")
@@ -363,7 +363,7 @@ def main() -> None:
     write_json_atomic(args.results, {
         "machine": machine_info(omp_num_threads=os.environ.get("OMP_NUM_THREADS"), load_average=os.getloadavg()),
         "load_average_before": load_before,
-        "note": "shared 2-core machine (other jobs running): energies are estimated, CPU seconds measured",
+        "note": "energies are estimated, CPU seconds measured; load averages recorded per run",
         "settings": {"test_fraction": TEST_FRACTION, "split_seed": SPLIT_SEED, "seeds": seeds,
                      "repeats": args.repeats, "screen_repeats": 1, "budget_runs": args.budget_runs,
                      "search_epochs_factor": SEARCH_EPOCHS_FACTOR},
