@@ -64,3 +64,36 @@ def test_a_fresh_search_on_the_same_object_forgets_the_models_predictions():
     first = drive(search, profiles(CARD))
     again = drive(search, profiles(CARD))
     assert first[0] == again[0] and search.model_state == "trusted"
+
+
+def test_the_search_says_what_broke_the_model():
+    """``model_abandoned_by``: "fit" or "prediction" on a clock-floor cliff, "prediction" for a limit that measured off
+    what the model predicted before it was profiled (the model's optimum 13 % slower than its curve), "monotonic" when a lower limit runs
+    faster (the fallback to the sweep), None while the model holds."""
+    objective = Objective("energy")
+    smooth = AdaptiveSearch(GRID, objective, warmup_share=WARMUP_SHARE, model_pruning=True)
+    drive(smooth, profiles(CARD))
+    assert smooth.model_state == "trusted" and smooth.model_abandoned_by is None
+
+    def cliff(x):  # below 175 W time x 2.5 (a clock floor): the bottom limit breaks the DVFS fit
+        return 2.5 if x < 175 else 1.0 + 0.03 * max(300 - x, 0) / 25
+
+    truth = {x: LimitProfile(x, (0.9 * x if x < 175 else min(x, 300)) * cliff(x) * 40, cliff(x) * 40, 40)
+             for x in GRID}
+    broken = AdaptiveSearch(GRID, objective, warmup_share=WARMUP_SHARE, model_pruning=True)
+    drive(broken, truth)
+    assert broken.model_state == "abandoned" and broken.model_abandoned_by in ("fit", "prediction")
+    # the minimum limit runs 30 % faster than the maximum: time is not monotonic (the fallback to the sweep)
+    faster_low = profiles(CARD, off={GRID[-1]: 0.7 * CARD.time_per_step_s(GRID[0]) / CARD.time_per_step_s(GRID[-1])})
+    reversed_ = AdaptiveSearch(GRID, objective, warmup_share=WARMUP_SHARE, model_pruning=True)
+    drive(reversed_, faster_low)
+    assert reversed_.model_abandoned_by == "monotonic"
+    order, _, _, _ = drive(AdaptiveSearch(GRID, objective, warmup_share=WARMUP_SHARE, model_pruning=True),
+                           profiles(CARD))
+    first_guess = list(dict.fromkeys(order))[4]  # the model's optimum after its first fit (four limits)
+    slower = profiles(CARD, off={first_guess: 1.13})  # 13 % slower there (same power) than the DVFS curve
+    surprised = AdaptiveSearch(GRID, objective, warmup_share=WARMUP_SHARE, model_pruning=True)
+    drive(surprised, slower)
+    assert surprised.model_abandoned_by == "prediction"
+    assert AdaptiveSearch(GRID, objective).model_abandoned_by is None  # no model: never abandoned
+

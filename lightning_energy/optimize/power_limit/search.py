@@ -374,7 +374,8 @@ class AdaptiveSearch:
             ``tolerance`` of its optimum is profiled again; then the search stops. A profile beyond
             :data:`MODEL_FIT_Z` standard deviations of the fit, or a limit profiled on the model's prediction beyond
             :data:`MODEL_CHECK_Z` of it, abandons the model for good and branch and bound goes on
-            (:attr:`model_state`). Off by default (:data:`DEFAULT_MODEL_PRUNING`).
+            (:attr:`model_state`; what broke it: :attr:`model_abandoned_by`). Off by default
+            (:data:`DEFAULT_MODEL_PRUNING`).
 
     Grids of fewer than :data:`SMALL_GRID_LIMITS` limits, where the cap is barely every limit once: energy,
     ZeusCost and max slowdown profile every limit once in Zeus's order (:attr:`sweeps_small_grid`, the
@@ -397,6 +398,7 @@ class AdaptiveSearch:
         self.model_pruning = model_pruning
         self._model_state = "unfitted"  # "unfitted", "trusted" (guides) or "abandoned" (profiles broke it)
         self._model_predictions: dict[int, tuple[float, float]] = {}  # limit: (J, s per step) predicted before it
+        self._model_abandoned_by: str | None = None  # what broke the model (:attr:`model_abandoned_by`)
         if isinstance(warmup_share, bool) or not isinstance(warmup_share, (int, float)) or not warmup_share >= 0:
             raise ValueError(f"`warmup_share` must be a number >= 0, got {warmup_share!r}")
         self.warmup_share = float(warmup_share)
@@ -452,6 +454,18 @@ class AdaptiveSearch:
         profile fits it within noise: it guides the search) or ``"abandoned"`` (profiles broke it: branch and bound
         only)."""
         return self._model_state if self.uses_model else "off"
+
+    @property
+    def model_abandoned_by(self) -> str | None:
+        """What made the search drop the DVFS model (None while it has not): ``"monotonic"`` (profiles break
+        monotonic time or power: the fallback to the sweep), ``"fit"`` (a profile beyond :data:`MODEL_FIT_Z`
+        standard deviations of the fit), ``"prediction"`` (a limit profiled on the model's prediction measured
+        beyond :data:`MODEL_CHECK_Z` of it) or ``"no fit"`` (no model runs at every profiled limit)."""
+        return self._model_abandoned_by if self.uses_model else None
+
+    def _abandon_model(self, reason: str) -> None:
+        if self._model_state != "abandoned":
+            self._model_state, self._model_abandoned_by = "abandoned", reason
 
     def plan(self) -> dict:
         calibration = int(self.calibrates)
@@ -511,7 +525,7 @@ class AdaptiveSearch:
         total = sum(p.window_count for p in profiled.values())
         if total < self._counted_windows:  # a fresh search on the same object
             self._spent, self._counted_windows, self._last_counted = 0.0, 0, None
-            self._model_state = "unfitted"
+            self._model_state, self._model_abandoned_by = "unfitted", None
             self._model_predictions = {}
         new = total - self._counted_windows
         if new == 1 and previous is not None:
@@ -539,8 +553,7 @@ class AdaptiveSearch:
         if bottom not in profiled:
             return bottom
         if self.fell_back(profiled):
-            if self._model_state != "abandoned":
-                self._model_state = "abandoned"
+            self._abandon_model("monotonic")
             rest = self._fallback_next(profiled)
             return rest if rest is not None else self._settle(profiled)
         if self.objective.is_threshold:
@@ -704,18 +717,18 @@ class AdaptiveSearch:
             margin = MODEL_CHECK_Z * sigma * math.sqrt(1.0 / p.window_count + MODEL_PREDICTION_VARIANCE) + MODEL_SLACK
             if (abs(p.time_per_step_s / predicted[1] - 1.0) > margin
                     or abs(p.mean_power_W / (predicted[0] / predicted[1]) - 1.0) > margin):
-                self._model_state = "abandoned"
+                self._abandon_model("prediction")
                 return _UNGUIDED
         fit = fit_dvfs([p.limit_W for p in done], [p.energy_per_step_J for p in done],
                        [p.time_per_step_s for p in done], weights=[p.window_count for p in done],
                        min_limit_W=self.grid[-1], max_limit_W=self.grid[0])
         if fit is None:
-            self._model_state = "abandoned"
+            self._abandon_model("no fit")
             return _UNGUIDED
         for p, (time_res, power_res) in zip(done, fit.residuals):
             margin = MODEL_FIT_Z * sigma / math.sqrt(p.window_count) + MODEL_SLACK
             if abs(time_res) > margin or abs(power_res) > margin:
-                self._model_state = "abandoned"
+                self._abandon_model("fit")
                 return _UNGUIDED
         self._model_state = "trusted"
         grid = np.array(sorted(self.grid), dtype=float)
