@@ -40,6 +40,7 @@ import argparse
 import io
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -189,10 +190,7 @@ def fit_fixed_cost(result: dict) -> dict | None:
     energy = [float(r["energy_J"]) for r in runs]
     if len(runs) < 3 or len(set(epochs)) < 2:
         return None
-    mean_e, mean_j = sum(epochs) / len(epochs), sum(energy) / len(energy)
-    slope = (sum((e - mean_e) * (j - mean_j) for e, j in zip(epochs, energy))
-             / sum((e - mean_e) ** 2 for e in epochs))
-    fixed = mean_j - slope * mean_e
+    slope, fixed = statistics.linear_regression(epochs, energy)
     defaults = result["heldout"]["defaults"]["energy_J"]["median"]
     return {"fixed_J": fixed, "per_epoch_J": slope, "runs": len(runs),
             "ceiling_x": defaults / fixed if fixed > 0 else None}
@@ -226,7 +224,7 @@ def step_costs(repetitions: int = 3, steps: int = 500, columns: int = 24) -> lis
                 optimizer.step()
             seconds[(dtype, batch)].append((time.process_time() - started) / steps)
     return [{"dtype": dtype, "batch": batch, "ms_per_step": [1e3 * v for v in values],
-             "median_ms": 1e3 * sorted(values)[len(values) // 2]} for (dtype, batch), values in seconds.items()]
+             "median_ms": 1e3 * statistics.median(values)} for (dtype, batch), values in seconds.items()]
 
 
 def print_step_costs(rows: list[dict]) -> None:

@@ -409,7 +409,7 @@ class Search:
                 break
             self._run_repeats(candidates, self.screen_repeats, against=best)
             floor = min(best.reached_J())
-            beating = [t for t in candidates if t.complete(self.screen_repeats) and max(t.reached_J()) < floor]
+            beating = [t for t in candidates if self._beat_every_run(t, floor)]
             if not beating:
                 break
             challenger = min(beating, key=lambda t: t.median("energy_J"))
@@ -419,6 +419,10 @@ class Search:
                 break
             best = challenger
         return best
+
+    def _beat_every_run(self, trial: Trial, floor_J: float) -> bool:
+        """``trial`` screened, every run reached, each below ``floor_J`` (the lowest run of what it must beat)."""
+        return trial.complete(self.screen_repeats) and max(trial.reached_J()) < floor_J
 
     def _out_of_runs(self) -> bool:
         return self.budget_runs is not None and len(self.order) >= self.budget_runs
@@ -432,7 +436,7 @@ class Search:
         for lever in self.levers:
             beating = [t for value in lever.alternatives
                        if (t := self.trials.get(_key({lever.name: value}))) is not None
-                       and t.complete(self.screen_repeats) and max(t.reached_J()) < base_min]
+                       and self._beat_every_run(t, base_min)]
             if beating:
                 best = min(beating, key=lambda t: t.median("energy_J"))
                 out[lever.name] = best.settings[lever.name]
